@@ -1,0 +1,42 @@
+# TorchRec & FSDP in Practice. Two commands matter:
+#   make lab    set up .venv (first time only) and open JupyterLab on labs/
+#   make test   set up .venv (first time only) and run every test and notebook
+# GPU nodes: add CUDA=cu126 (or another CUDA tag of the PyTorch wheel index) to either.
+SHELL := /bin/bash
+PY := .venv/bin/python
+CUDA ?=
+PYTHON ?= python3.11
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+
+.PHONY: setup lab test test-unit test-notebooks labs solutions doctor clean
+
+setup:
+	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
+
+lab: setup
+	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
+
+test: setup
+	$(PY) -m pytest
+
+test-unit: setup
+	$(PY) -m pytest tests
+
+test-notebooks: setup
+	$(PY) -m pytest solutions
+
+# Regenerate the student notebooks from the solutions (commit the result).
+labs: setup
+	$(PY) -m course_lib.authoring build
+
+# Re-execute the solutions in place so their stored outputs are current (authors only).
+solutions: setup
+	$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 solutions/*.ipynb
+	$(MAKE) labs
+
+doctor: setup
+	$(PY) -m course_lib.env
+
+clean:
+	rm -rf .venv .pytest_cache

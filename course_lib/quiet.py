@@ -1,0 +1,36 @@
+"""The one place where library warnings that teach a learner nothing are silenced.
+
+Notebooks call :func:`install` (``course_lib.notebook_setup()`` does it) and every launched rank calls it
+before running the learner's function, so a cell shows the lab's output, not FutureWarnings from torchrec
+internals. Warnings a learner should act on are left alone: only messages listed here are filtered.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+# (message regex, category, module regex) — each entry says why it is noise.
+_FILTERS: list[tuple[str, type[Warning], str]] = [
+    # torchrec's own modules use deprecated torch APIs; nothing for a learner to change.
+    (r".*", FutureWarning, r"torchrec(\..*)?"),
+    (r".*", DeprecationWarning, r"torchrec(\..*)?"),
+    (r".*", UserWarning, r"torchrec\.distributed\.(planner|embedding_sharding|types)(\..*)?"),
+    # fbgemm_gpu announces optional kernels that the CPU build lacks.
+    (r".*", UserWarning, r"fbgemm_gpu(\..*)?"),
+    # TypedStorage deprecation surfaces through torch internals in ShardedTensor code.
+    (r"TypedStorage is deprecated.*", UserWarning, r""),
+    # torch.distributed prints this when a process group is torn down by the launcher, as it should be.
+    (r".*destroy_process_group\(\) was not called.*", UserWarning, r""),
+    # torch.distributed._shard deprecation notices emitted by torchrec's use of ShardedTensor.
+    (r".*torch\.distributed\._shard.*deprecated.*", FutureWarning, r""),
+]
+
+_LOGGERS_TO_QUIET = ("torchrec", "fbgemm_gpu", "torch.distributed.elastic")
+
+
+def install() -> None:
+    """Filter the known noisy warnings and quiet chatty library loggers (idempotent)."""
+    for message, category, module in _FILTERS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name in _LOGGERS_TO_QUIET:
+        logging.getLogger(name).setLevel(logging.ERROR)
