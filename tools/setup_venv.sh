@@ -37,8 +37,13 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep 
 if [ -n "$CUDA" ]; then
   pip install --index-url "https://download.pytorch.org/whl/$CUDA" --extra-index-url https://pypi.org/simple \
     -r requirements/torch-cuda.txt
+elif "$VENV/bin/python" -m pip install --dry-run -q --no-deps --no-index \
+    "$(grep '^torch==' requirements/torch-cpu.txt)+cpu" >/dev/null 2>&1; then
+  pip install -r requirements/torch-cpu.txt   # a local wheel folder has the CPU build (CI machines)
 else
-  pip install -r requirements/torch-cpu.txt
+  # PyPI's Linux torch is the CUDA build (GBs); the CPU build (2.13.0+cpu) lives on the PyTorch CPU index.
+  pip install --index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" \
+    --extra-index-url https://pypi.org/simple -r requirements/torch-cpu.txt
 fi
 # 2. everything else, pinned, plus the course library itself (editable).
 pip install -r requirements/course.txt -c requirements/constraints.txt -e .
