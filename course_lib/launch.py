@@ -105,6 +105,10 @@ class LaunchError(RuntimeError):
     def failed_ranks(self) -> list[int]:
         return [f.rank for f in self.failures if f.kind in ("raised", "exited")]
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it: the ranks' story, without the launcher's own frames."""
+        return [f"LaunchError: {self}"]
+
     def _render(self) -> str:
         lines = [self.summary]
         for failure in self.failures:
@@ -635,7 +639,7 @@ def _run(
         failures.extend(RankFailure(rank, "terminated") for rank in stragglers)
         raise LaunchError(
             f"launch failed: {len(failed)} of {world_size} rank{'s' if world_size > 1 else ''} failed"
-            + (f"; ranks {', '.join(map(str, stragglers))} were terminated" if stragglers else ""),
+            + _terminated_note(stragglers),
             failures,
             results,
         )
@@ -697,9 +701,26 @@ def _with_sources(traceback_text: str, sources: dict[str, str]) -> str:
         if filename is None:
             return match.group(0)
         source = linecache.getline(filename, line).strip()
-        return f'  File "{filename}", line {line}, in {name}\n' + (f"    {source}\n" if source else "")
+        where = _display_name(filename)
+        place = f"{where}, line {line}" if where != filename else f'File "{filename}", line {line}'
+        return f"  {place}, in {name}\n" + (f"    {source}\n" if source else "")
 
     return re.sub(r'  File "<dynamic-code>", line (\d+), in (\S+)\n', replace, traceback_text)
+
+
+def _terminated_note(ranks: list[int]) -> str:
+    if not ranks:
+        return ""
+    if len(ranks) == 1:
+        return f"; rank {ranks[0]} was terminated"
+    return f"; ranks {', '.join(map(str, ranks))} were terminated"
+
+
+def _display_name(filename: str) -> str:
+    """A notebook cell's file as IPython names it ("Cell In[7]"); other files unchanged."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    number = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(filename)
+    return f"Cell In[{number}]" if number is not None else filename
 
 
 def _failure(workdir: str, rank: int, code: int, sources: dict[str, str]) -> RankFailure:

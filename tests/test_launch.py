@@ -124,7 +124,15 @@ def test_raising_rank_ends_the_launch_promptly_with_its_traceback(shared_kernel)
     assert lines[1] == "1 ValueError ValueError"
     assert "rank 1 raised ValueError: bad shard size" in cell.stdout
     assert "raise ValueError('bad shard size')" in cell.stdout  # the notebook's source line, remotely
+    assert "Cell In[" in cell.stdout  # named as IPython names cells
     assert "remote traceback of rank 1" in cell.stdout
+
+
+def test_launch_error_shows_without_launcher_frames(shared_kernel):
+    cell = shared_kernel.run("launch(lambda: 1 / 0, world_size=2)")
+    assert cell.ename == "LaunchError"
+    shown = "\n".join(cell.error["traceback"])
+    assert "ZeroDivisionError" in shown and "_run(" not in shown and "launch.py" not in shown
 
 
 def test_hanging_rank_is_ended_by_timeout(shared_kernel):
