@@ -11,6 +11,7 @@ from typing import Any
 # launch.py imports no torch at module level, so this stays cheap. Imported eagerly so that the name
 # `course_lib.launch` is the function, not the submodule of the same name.
 from course_lib.launch import LaunchError, launch
+from course_lib.ranks import Ranks
 
 __version__ = "0.1.0"
 
@@ -18,7 +19,7 @@ _LAZY = {
     "doctor": ("course_lib.env", "doctor"),
 }
 
-__all__ = ["LaunchError", "launch", *sorted(_LAZY)]
+__all__ = ["LaunchError", "Ranks", "launch", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ so the ranks it forks may still use it. The launcher keeps one per kernel (see c
 Protocol, one JSON object per line. Parent -> server on stdin:
     {"cmd": "spawn", "workdir": DIR, "ranks": [0, 1]}
 Server -> parent on the original stdout:
-    {"event": "ready"}    {"event": "started", "rank": R, "pid": P}    {"event": "exit", "pid": P, "code": C}
+    {"event": "ready"}    {"event": "started", "workdir": DIR, "rank": R, "pid": P}    {"event": "exit", "pid": P, "code": C}
 The code is the exit status, or minus the signal number that ended the rank.
 On EOF (the kernel went away) or SIGTERM it kills its ranks, removes their work folders and exits.
 """
@@ -63,7 +63,7 @@ class _Server:
                 finally:
                     os._exit(code)
             self.children[pid] = workdir
-            self.send({"event": "started", "rank": rank, "pid": pid})
+            self.send({"event": "started", "workdir": workdir, "rank": rank, "pid": pid})
 
     def reap(self) -> None:
         while self.children:

@@ -258,7 +258,9 @@ class _ForkServer:
         os.set_blocking(self.rfd, False)
         self.buffer = b""
         self.ready = False
-        self.events: list[dict[str, Any]] = []
+        self.started: dict[str, dict[int, int]] = {}  # workdir -> rank -> pid
+        self.exits: dict[int, int] = {}  # pid -> exit code, until its owner collects it
+        self.live: set[int] = set()  # pids forked and not yet exited
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -266,27 +268,33 @@ class _ForkServer:
     def send(self, message: dict[str, Any]) -> None:
         os.write(self.wfd, (json.dumps(message) + "\n").encode())
 
-    def read_events(self, timeout: float) -> list[dict[str, Any]]:
-        """Events that arrived within `timeout` seconds (returns as soon as there is one)."""
-        if not self.events:
-            readable, _, _ = select.select([self.rfd], [], [], timeout)
-            if readable:
-                try:
-                    chunk = os.read(self.rfd, 65536)
-                except BlockingIOError:
-                    chunk = b""
-                if not chunk and self.proc.poll() is not None:
-                    raise RuntimeError("the launcher's fork server died; the next launch starts a new one")
-                self.buffer += chunk
-                while b"\n" in self.buffer:
-                    line, self.buffer = self.buffer.split(b"\n", 1)
-                    event = json.loads(line)
-                    if event.get("event") == "ready":
-                        self.ready = True
-                    else:
-                        self.events.append(event)
-        events, self.events = self.events, []
-        return events
+    def read_events(self, timeout: float) -> None:
+        """Take in what the server reported within `timeout` seconds (returns as soon as anything came).
+
+        Several users share one server (a launch, live ranks), so news is filed by work folder and pid
+        rather than handed to whoever reads first.
+        """
+        readable, _, _ = select.select([self.rfd], [], [], timeout)
+        if not readable:
+            return
+        try:
+            chunk = os.read(self.rfd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk and self.proc.poll() is not None:
+            raise RuntimeError("the launcher's fork server died; the next launch starts a new one")
+        self.buffer += chunk
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            event = json.loads(line)
+            if event["event"] == "ready":
+                self.ready = True
+            elif event["event"] == "started":
+                self.started.setdefault(event["workdir"], {})[int(event["rank"])] = int(event["pid"])
+                self.live.add(int(event["pid"]))
+            elif event["event"] == "exit":
+                self.exits[int(event["pid"])] = int(event["code"])
+                self.live.discard(int(event["pid"]))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -306,12 +314,28 @@ class _ForkServer:
 
 _server: _ForkServer | None = None  # serves launches now
 _successor: _ForkServer | None = None  # the fully preloaded server, warming up
+_retired: list[_ForkServer] = []  # replaced servers whose ranks (live Ranks) still run
 _server_lock = threading.RLock()
+
+
+def _retire(server: _ForkServer) -> None:
+    """Close a replaced server once no rank it forked is alive (closing it kills its ranks)."""
+    try:
+        server.read_events(0)
+    except RuntimeError:
+        pass
+    if server.live and server.alive():
+        _retired.append(server)
+    else:
+        server.close()
 
 
 def _fork_server() -> _ForkServer:
     """The server to fork ranks from: the successor once it is ready, else the current one."""
     global _server, _successor
+    for old in list(_retired):
+        _retired.remove(old)
+        _retire(old)
     if _successor is not None:
         try:
             _successor.read_events(0)
@@ -320,7 +344,7 @@ def _fork_server() -> _ForkServer:
             _successor = None
         if _successor is not None and _successor.ready:
             if _server is not None:
-                _server.close()
+                _retire(_server)
             _server, _successor = _successor, None
     if _server is None or not _server.alive():
         if _server is not None:
@@ -340,10 +364,11 @@ def shutdown_fork_server() -> None:
     """Stop this kernel's fork servers (the next launch starts afresh)."""
     global _server, _successor
     with _server_lock:
-        for server in (_server, _successor):
+        for server in (_server, _successor, *_retired):
             if server is not None:
                 server.close()
         _server = _successor = None
+        _retired.clear()
 
 
 atexit.register(shutdown_fork_server)
@@ -364,10 +389,11 @@ class _Ranks:
             self.server.send({"cmd": "spawn", "workdir": workdir, "ranks": list(range(world_size))})
             deadline = time.monotonic() + 120  # first start imports torch
             try:
-                while len(self.pids) < world_size:
+                while len(self.server.started.get(workdir, {})) < world_size:
                     if time.monotonic() > deadline:
                         raise RuntimeError("the launcher's fork server did not start the ranks within 120 s")
-                    self._absorb(self.server.read_events(0.05))
+                    self.server.read_events(0.05)
+                self.pids = self.server.started.pop(workdir)
             except BaseException:
                 shutdown_fork_server()  # takes any rank it did start with it
                 raise
@@ -391,22 +417,17 @@ class _Ranks:
                         os._exit(code)
                 self.pids[rank] = pid
 
-    def _absorb(self, events: Iterable[dict[str, Any]]) -> None:
-        by_pid = {pid: rank for rank, pid in self.pids.items()}
-        for event in events:
-            if event["event"] == "started":
-                self.pids[int(event["rank"])] = int(event["pid"])
-                by_pid[int(event["pid"])] = int(event["rank"])
-            elif event["event"] == "exit" and int(event["pid"]) in by_pid:
-                self.exit_codes[by_pid[int(event["pid"])]] = int(event["code"])
-
     def running(self) -> list[int]:
         return [r for r in self.pids if r not in self.exit_codes]
 
     def poll(self, wait: float) -> None:
         """Record ranks that exited, waiting up to `wait` seconds for news."""
         if self.server is not None:
-            self._absorb(self.server.read_events(wait))
+            self.server.read_events(wait)
+            for rank in self.running():
+                code = self.server.exits.pop(self.pids[rank], None)
+                if code is not None:
+                    self.exit_codes[rank] = code
             return
         time.sleep(wait)
         for rank in self.running():
