@@ -8,6 +8,8 @@ CUDA ?=
 PYTHON ?= python3.11
 LAB_PORT ?= 8888
 LAB_ARGS ?=
+# JupyterLab refuses to run as root unless told (containers, CI machines).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test test-unit test-notebooks labs solutions doctor clean
 
@@ -15,7 +17,7 @@ setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
 
 lab: setup
-	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
+	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest

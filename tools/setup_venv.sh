@@ -51,7 +51,9 @@ pip install -r requirements/course.txt -c requirements/constraints.txt -e .
 pip install --no-deps -r requirements/torchrec.txt
 # 4. JupyterLab as a learner should get it: nbgrader's authoring panels are for instructors only.
 "$VENV/bin/jupyter" labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1 || true
-"$VENV/bin/jupyter" server extension disable --sys-prefix nbgrader >/dev/null 2>&1 || true
+for ext in assignment_list course_list formgrader validate_assignment; do
+  "$VENV/bin/jupyter" server extension disable --sys-prefix "nbgrader.server_extensions.$ext" >/dev/null 2>&1 || true
+done
 
 "$VENV/bin/python" -c 'import torch, fbgemm_gpu, torchrec' || {
   echo "setup: the stack installed but does not import; run .venv/bin/python -m course_lib.env for a diagnosis." >&2
