@@ -149,6 +149,7 @@ def main(workdir: str, rank: int) -> int:
                     sys.path.insert(0, entry)
             os.chdir(header["cwd"])
             os.environ.update(torchrun_env(rank, header["world_size"], header["master_port"]))
+            os.environ["COURSE_PROGRESS_FILE"] = os.path.join(workdir, "progress.jsonl")  # course_lib.progress
             prepare_rank(header["backend"], rank, header["world_size"])
             fn, args, kwargs = cloudpickle.load(f)
         if header["init_group"]:

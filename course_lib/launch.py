@@ -471,6 +471,9 @@ class _OutputPump:
     """Tails each rank's stdout/stderr files and writes complete lines into this process's streams."""
 
     def __init__(self, workdir: str, world_size: int, show: set[int] | None) -> None:
+        from course_lib.progress import ProgressReader
+
+        self.progress = ProgressReader(workdir)
         self.files = [
             (rank, stream, _rank.output_path(workdir, rank, stream))
             for rank in range(world_size)
@@ -482,6 +485,9 @@ class _OutputPump:
         self.width = len(str(world_size - 1))
 
     def pump(self, final: bool = False) -> None:
+        self.progress.poll()
+        if final:
+            self.progress.close()
         for rank, stream, path in self.files:
             key = (rank, stream)
             try:

@@ -384,6 +384,7 @@ class Ranks:
             self._interrupt(replies)
             raise
         self._pump.pump()
+        self._pump.progress.close()  # one bar per request
         failures = [self._failure(r, replies[r], sources) for r in sorted(replies) if replies[r][0] != "ok"]
         if failures:
             raise LaunchError(

@@ -20,6 +20,7 @@ class CellRun:
     stderr: str = ""
     error: dict | None = None
     result: str = ""
+    displays: list = field(default_factory=list)  # display_data / update_display_data mime bundles
     seconds: float = 0.0
     events: list = field(default_factory=list)  # (time, stream, text) in arrival order
 
@@ -60,6 +61,8 @@ class Kernel:
                 out.events.append((time.monotonic() - start, content["name"], content["text"]))
             elif kind == "error":
                 out.error = content
+            elif kind in ("display_data", "update_display_data"):
+                out.displays.append(content["data"])
             elif kind == "execute_result":
                 out.result = content["data"].get("text/plain", "")
 
