@@ -23,9 +23,17 @@ _FILTERS: list[tuple[str, type[Warning], str]] = [
     (r".*destroy_process_group\(\) was not called.*", UserWarning, r""),
     # torch.distributed._shard deprecation notices emitted by torchrec's use of ShardedTensor.
     (r".*torch\.distributed\._shard.*deprecated.*", FutureWarning, r""),
+    # torchrec's row-wise sharding calls these c10d functions (deprecated in favour of *_single) internally.
+    (r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated.*", FutureWarning,
+     r"torch\.distributed\.c10d_logger"),
+    # fbgemm's dense (data-parallel) embedding kernel: torch asks fbgemm to register an autograd kernel.
+    (r"fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered.*", UserWarning,
+     r"torch\.autograd(\..*)?"),
 ]
 
-_LOGGERS_TO_QUIET = ("torchrec", "fbgemm_gpu", "torch.distributed.elastic")
+# torch.fx._symbolic_trace: torchrec's KJT/EBC code calls torch.fx's is_fx_tracing(), which logs a deprecation
+# note (with a timestamp and pid) on first use in every process.
+_LOGGERS_TO_QUIET = ("torchrec", "fbgemm_gpu", "torch.distributed.elastic", "torch.fx._symbolic_trace")
 
 
 def install() -> None:
