@@ -39,8 +39,12 @@ class Kernel:
     def __init__(self) -> None:
         from jupyter_client.manager import KernelManager
 
+        import tempfile
+
+        # A private TMPDIR: tests can then count the launcher's temporary folders without seeing others'.
+        self.tmpdir = tempfile.mkdtemp(prefix="test-kernel-")
         self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(cwd=str(REPO), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.km.start_kernel(cwd=str(REPO), env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": self.tmpdir})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -89,11 +93,14 @@ class Kernel:
         return out
 
     def close(self) -> None:
+        import shutil
+
         try:
             self.kc.stop_channels()
         finally:
             if self.km.has_kernel:
                 self.km.shutdown_kernel(now=True)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ except Exception:
     pass
 
 
-def _launch_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "course-launch-*")))
+def _launch_dirs(tmpdir: str | None = None) -> set[str]:
+    return set(glob.glob(os.path.join(tmpdir or tempfile.gettempdir(), "course-launch-*")))
 
 
 def _ranks_of(kernel_pid: int) -> list[psutil.Process]:
@@ -204,15 +204,15 @@ def test_torchrun_environment_and_signal_handlers(shared_kernel):
 
 
 def test_no_process_or_temp_folder_outlives_launches(shared_kernel):
-    before = _launch_dirs()
+    before = _launch_dirs(shared_kernel.tmpdir)
     shared_kernel.run("launch(lambda: 1)\ntry:\n    launch(lambda: 1 / 0)\nexcept LaunchError:\n    pass")
     assert _ranks_of(shared_kernel.pid) == []
-    assert _launch_dirs() - before == set()
+    assert _launch_dirs(shared_kernel.tmpdir) - before == set()
 
 
 def test_interrupt_terminates_every_rank_and_reraises(kernel):
     kernel.run("from course_lib import launch")
-    before = _launch_dirs()
+    before = _launch_dirs(kernel.tmpdir)
     cell = kernel.run(
         "def sleepy():\n"
         "    import time, torch.distributed as dist\n"
@@ -225,7 +225,7 @@ def test_interrupt_terminates_every_rank_and_reraises(kernel):
     assert cell.ename == "KeyboardInterrupt"
     assert cell.seconds < 30
     assert _ranks_of(kernel.pid) == []
-    assert _launch_dirs() - before == set()
+    assert _launch_dirs(kernel.tmpdir) - before == set()
     assert kernel.run("print(launch(lambda: 'still works'))").stdout.endswith("['still works', 'still works']\n")
 
 

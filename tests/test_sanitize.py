@@ -15,7 +15,10 @@ SAMPLES = {
     "temp-paths": ("FileStore('/tmp/course-launch-k3j2/store') ready", "FileStore('/tmp/TMPPATH') ready"),
     "memory-addresses": ("<function f at 0x7f3a2c1b9e40>", "<function f at 0xADDRESS>"),
     "pids": ("rank 1 (pid 48213) exited; pid=48214", "rank 1 (pid PID) exited; pid=PID"),
-    "loopback-ports": ("listening on 127.0.0.1:29517 and localhost:8888", "listening on 127.0.0.1:PORT and localhost:PORT"),
+    "loopback-ports": (
+        "listening on 127.0.0.1:29517 and localhost:8888; gloo Read error [127.0.0.1]:11454",
+        "listening on 127.0.0.1:PORT and localhost:PORT; gloo Read error [127.0.0.1]:PORT",
+    ),
     "timestamps": ("[2026-12-03T06:29:11.867673Z] started", "[TIMESTAMP] started"),
     "durations": ("elapsed 01:02:03", "elapsed HH:MM:SS"),
     "progress-elapsed": ("10/10 [00:01<00:00, 9.54it/s]", "10/10 [ELAPSED<LEFT, RATE]"),

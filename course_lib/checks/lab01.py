@@ -1,0 +1,325 @@
+"""Checks for 01_collectives: route ids to their owning rank with all_to_all_single, and a global mean.
+
+Each check launches the learner's function on 2 and then 3 ranks, with inputs of unequal sizes (so that
+assuming equal counts gives a wrong answer), and compares every rank's result with the answer worked out
+here, on one process, from all ranks' inputs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Any, Callable
+
+from course_lib.checks import fail, passed
+
+# torch.distributed functions that communicate; the checks count the learner's calls to them.
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather_object",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "broadcast_object_list",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+)
+
+_TIMEOUT_S = 30.0
+_REPRODUCE_ROUTE = (
+    "ids_by_rank, num_rows = lab01.route_example(2); "
+    "launch(lambda: route_ids(ids_by_rank[dist.get_rank()], num_rows))"
+)
+_REPRODUCE_MEAN = "values = lab01.mean_example(2); launch(lambda: global_mean(values[dist.get_rank()]))"
+
+
+# ------------------------------------------------------------------------------------------ the data
+
+
+def route_example(world_size: int = 2) -> tuple[list[Any], int]:
+    """The ids each rank holds in the routing exercise, and the number of rows they index.
+
+    Ranks hold different numbers of ids and send different numbers to each owner; in the 3-rank example
+    some ids occur on several ranks, one rank sends nothing to two of the owners, and the last rank owns
+    fewer rows than the others (10 rows in blocks of 4).
+    """
+    import torch
+
+    examples = {
+        2: ([[7, 1, 3, 9, 0, 8, 6], [2, 5, 4]], 10),
+        3: ([[9, 5, 0, 8, 5, 2], [3, 1, 2], [8, 4, 7, 6, 9, 0, 1]], 10),
+    }
+    if world_size not in examples:
+        raise ValueError(f"there are examples for 2 and 3 ranks, not {world_size}")
+    ids, num_rows = examples[world_size]
+    return [torch.tensor(x, dtype=torch.int64) for x in ids], num_rows
+
+
+def mean_example(world_size: int = 2) -> list[Any]:
+    """The values each rank holds in the global-mean exercise: a different number on each rank."""
+    import torch
+
+    values = [[3.0, 5.0], [1.0, 2.0, 0.0, 1.0, 2.0, 0.0], [6.0, 9.0, 3.0]]
+    if not 2 <= world_size <= len(values):
+        raise ValueError(f"there are examples for 2 and 3 ranks, not {world_size}")
+    return [torch.tensor(v) for v in values[:world_size]]
+
+
+def row_owner(ids: Any, num_rows: int, world_size: int) -> Any:
+    """Range ownership as in TorchRec's row-wise sharding: rank r owns rows [r*block, (r+1)*block)."""
+    block = math.ceil(num_rows / world_size)
+    return ids // block
+
+
+def _expected_routing(ids_by_rank: list[Any], num_rows: int, owner: Callable[..., Any] = row_owner) -> list[Any]:
+    import torch
+
+    world = len(ids_by_rank)
+    return [
+        torch.cat([ids[owner(ids, num_rows, world) == rank] for ids in ids_by_rank]) for rank in range(world)
+    ]
+
+
+def _modulo_owner(ids: Any, num_rows: int, world_size: int) -> Any:
+    return ids % world_size
+
+
+# --------------------------------------------------------------------------------- running on ranks
+
+
+def _call_counting(fn: Callable[..., Any], args_by_rank: list[tuple]) -> tuple[Any, list[str]]:
+    """On each rank: call fn(*args_by_rank[rank]) and note which collectives it called (outermost only)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    calls: list[str] = []
+    depth = 0
+
+    def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal depth
+            if depth == 0:
+                calls.append(name)
+            depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth -= 1
+
+        return call
+
+    saved: list[tuple[Any, str, Any]] = []
+    for name in COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        wrapper = counted(name, original)
+        for module in (dist, c10d):
+            if getattr(module, name, None) is original:
+                saved.append((module, name, original))
+                setattr(module, name, wrapper)
+    try:
+        result = fn(*args_by_rank[dist.get_rank()])
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+    return result, calls
+
+
+def _run(
+    fn: Callable[..., Any],
+    args_by_rank: list[tuple],
+    what: str,
+    reproduce: str,
+    launch: Callable[..., list[Any]] | None,
+    timeout: float,
+) -> list[tuple[Any, list[str]]]:
+    """Launch fn on len(args_by_rank) ranks, counting collectives; turn a failed launch into a CheckFailed."""
+    from course_lib.launch import LaunchError
+
+    if launch is None:
+        from course_lib import launch
+    world = len(args_by_rank)
+    try:
+        with warnings.catch_warnings():  # 3 ranks on a 2-core laptop is fine for a check
+            warnings.simplefilter("ignore", UserWarning)
+            return launch(_call_counting, fn, args_by_rank, world_size=world, show_ranks=[], timeout=timeout)
+    except LaunchError as error:
+        raised = [f for f in error.failures if f.kind == "raised"]
+        if raised and all(f.exc_type == "NotImplementedError" for f in raised):
+            fail(f"{what} is not written yet", "replace `raise NotImplementedError()` with your code")
+        first = error.failures[0].headline() if error.failures else error.summary
+        fail(f"{what} failed on {world} ranks: {first}", _launch_hint(str(error), reproduce))
+
+
+def _launch_hint(text: str, reproduce: str) -> str:
+    """What a failed launch of an exercise most likely means."""
+    if any(s in text for s in ("divide equally", "Split sizes", "LengthPerRank", "SIGABRT")):
+        # gloo checks split sizes locally ("divide equally", alltoallv's LengthPerRank) or aborts the
+        # process (SIGABRT) when the bytes that arrive do not fit the output it was given.
+        return (
+            "the ranks disagreed about how many values travel: a receiver must know how many come from each "
+            "rank, so exchange the counts first (all_to_all_single on a tensor of per-destination counts), "
+            "then pass them as output_split_sizes"
+        )
+    if "never finished" in text or "timed out" in text or "Connection closed" in text or "Connection reset" in text:
+        return (
+            "a rank waited in a collective that another rank never called: every rank must call the same "
+            "collectives in the same order"
+        )
+    return f"run it yourself to read each rank's traceback: {reproduce}"
+
+
+def _describe_calls(calls: list[str]) -> str:
+    return ", ".join(calls) if calls else "no collective"
+
+
+# ----------------------------------------------------------------------------------- route_ids
+
+
+def check_route_ids(
+    route_ids: Callable[..., Any],
+    launch: Callable[..., list[Any]] | None = None,
+    timeout: float = _TIMEOUT_S,
+) -> None:
+    """Run `route_ids(ids, num_rows)` on 2 and 3 ranks and compare what each rank received."""
+    import torch
+
+    for world in (2, 3):
+        ids_by_rank, num_rows = route_example(world)
+        args = [(ids.clone(), num_rows) for ids in ids_by_rank]
+        outcomes = _run(route_ids, args, "route_ids", _REPRODUCE_ROUTE, launch, timeout)
+        expected = _expected_routing(ids_by_rank, num_rows)
+        modulo = _expected_routing(ids_by_rank, num_rows, _modulo_owner)
+        got = [result for result, _ in outcomes]
+        block = math.ceil(num_rows / world)
+        for rank, result in enumerate(got):
+            if not isinstance(result, torch.Tensor):
+                fail(f"on {world} ranks, rank {rank} returned {type(result).__name__}", "return the tensor of ids this rank received")
+            if result.is_floating_point():
+                fail(
+                    f"on {world} ranks, rank {rank} returned {result.dtype} ids",
+                    "ids are integers: allocate the receiving tensor with dtype=ids.dtype (torch.empty(n, dtype=ids.dtype))",
+                )
+        if all(_same_multiset(g, m) for g, m in zip(got, modulo)) and not all(
+            _same_multiset(g, e) for g, e in zip(got, expected)
+        ):
+            fail(
+                f"on {world} ranks, ids went to rank id % {world}",
+                f"rows are owned in ranges: with {num_rows} rows on {world} ranks, rank r owns rows "
+                f"[r*{block}, (r+1)*{block}), so owner = id // ceil(num_rows / world_size)",
+            )
+        for rank, (result, want) in enumerate(zip(got, expected)):
+            result = result.reshape(-1)
+            if result.numel() != want.numel():
+                fail(
+                    f"on {world} ranks, rank {rank} returned {result.numel()} ids but owns {want.numel()} of the ids sent",
+                    "a receiver cannot guess how many ids arrive: exchange the per-destination counts first "
+                    "(all_to_all_single on the counts) and size the output with their sum",
+                )
+            if not _same_multiset(result, want):
+                wrong = sorted({int(i) for i in result.tolist()} - {int(i) for i in want.tolist()})
+                fail(
+                    f"on {world} ranks, rank {rank} received ids {result.tolist()}, expected {want.tolist()}",
+                    f"rank {rank} owns rows [{rank * block}, {min((rank + 1) * block, num_rows)})"
+                    + (f"; ids {wrong} are not its own" if wrong else "")
+                    + ": sort the ids by owner before sending and pass the counts as input_split_sizes",
+                )
+            if not torch.equal(result, want):
+                sorted_note = " (they were sorted)" if torch.equal(result, torch.sort(want).values) else ""
+                fail(
+                    f"on {world} ranks, rank {rank} holds the right ids in the wrong order{sorted_note}: "
+                    f"expected {want.tolist()}, got {result.tolist()}",
+                    "ids from rank 0 first, then from rank 1, ...; each sender's ids in the order it held them: "
+                    "group them by owner with torch.argsort(owner, stable=True)",
+                )
+        for rank, (_, calls) in enumerate(outcomes):
+            if not {"all_to_all_single", "all_to_all"} & set(calls):
+                fail(
+                    f"right ids, but they travelled by {_describe_calls(calls)} on rank {rank}",
+                    "use all_to_all_single: each id goes to its owner only, not to every rank",
+                )
+    passed("route_ids sends every id to its owner on 2 and 3 ranks, counts exchanged, order kept")
+
+
+def _same_multiset(a: Any, b: Any) -> bool:
+    return sorted(a.reshape(-1).tolist()) == sorted(b.reshape(-1).tolist())
+
+
+# ---------------------------------------------------------------------------------- global_mean
+
+
+def check_global_mean(
+    global_mean: Callable[..., Any],
+    launch: Callable[..., list[Any]] | None = None,
+    timeout: float = _TIMEOUT_S,
+) -> None:
+    """Run `global_mean(x)` on 2 and 3 ranks (unequal sizes per rank) and compare with the mean of all values."""
+    for world in (2, 3):
+        values = mean_example(world)
+        outcomes = _run(global_mean, [(v.clone(),) for v in values], "global_mean", _REPRODUCE_MEAN, launch, timeout)
+        total = sum(float(v.sum()) for v in values)
+        count = sum(v.numel() for v in values)
+        expected = total / count
+        got = []
+        for rank, (result, _) in enumerate(outcomes):
+            try:
+                got.append(float(result))
+            except (TypeError, ValueError, RuntimeError):
+                fail(
+                    f"on {world} ranks, rank {rank} returned {result!r}",
+                    "return one number: a float, or a one-element tensor",
+                )
+        wrong = {
+            "sum": (total, "that is the sum of all values: divide by the number of values, summed over ranks too"),
+            "mean of means": (
+                sum(float(v.mean()) for v in values) / world,
+                "that is the mean of the ranks' means; the ranks hold different numbers of values, so "
+                "weight each by its count: all-reduce the sum and the count together",
+            ),
+            "sum of means": (
+                sum(float(v.mean()) for v in values),
+                "that is the sum of the ranks' means: all-reduce the sum and the count, then divide",
+            ),
+        }
+        for rank, value in enumerate(got):
+            if _close(value, expected):
+                continue
+            for _, (bad, hint) in wrong.items():
+                if _close(value, bad):
+                    fail(f"on {world} ranks, rank {rank} returned {value:.4g}, expected {expected:.4g}", hint)
+            if _close(value, float(values[rank].mean())):
+                fail(
+                    f"on {world} ranks, rank {rank} returned its own mean {value:.4g}, expected {expected:.4g}",
+                    "combine across ranks with a collective (dist.all_reduce)",
+                )
+            hint = "every rank must get the same answer: only a collective's result is the same on every rank"
+            if len(set(round(v, 9) for v in got)) == 1:
+                hint = "compute the sum of all values and their number across all ranks, then divide"
+            fail(f"on {world} ranks, rank {rank} returned {value:.4g}, expected {expected:.4g}", hint)
+        for rank, (_, calls) in enumerate(outcomes):
+            if len(calls) != 1:
+                fail(
+                    f"right answer, but rank {rank} ran {len(calls)} collectives ({_describe_calls(calls)}), not one",
+                    "put the sum and the count in one tensor, torch.stack([x.sum(), count]), and all-reduce it once",
+                )
+    passed("global_mean gives every rank the mean of all values on 2 and 3 ranks, with one collective")
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
