@@ -11,7 +11,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks labs solutions doctor clean
+.PHONY: setup lab test test-unit test-notebooks test-browser labs solutions doctor clean
 
 setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
@@ -20,13 +20,17 @@ lab: setup
 	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -rs
 
 test-unit: setup
 	$(PY) -m pytest tests
 
 test-notebooks: setup
 	$(PY) -m pytest solutions
+
+# The labs in a real JupyterLab driven by headless Chromium (skips, saying why, when Chromium is missing).
+test-browser: setup
+	$(PY) -m pytest tests/browser -rs
 
 # Regenerate the student notebooks from the solutions (commit the result).
 labs: setup

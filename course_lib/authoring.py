@@ -63,7 +63,20 @@ def make_lab(solution: NotebookNode, name: str = "notebook") -> NotebookNode:
             nb, resources = preprocessor.preprocess(nb, resources)
         except RuntimeError as error:  # _check_regions should have caught these first
             raise ValueError(f"{name}: {type(preprocessor).__name__} failed: {error}") from error
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = _drop_nbval_markers(cell.source)
     return _normalise(nb, name)
+
+
+_NBVAL_MARKERS = {"NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP"}
+
+
+def _drop_nbval_markers(source: str) -> str:
+    """Remove nbval's marker comments: they steer CI's run of the solutions and mean nothing to a learner."""
+    lines = source.split("\n")
+    kept = [line for line in lines if not (line.strip().startswith("#") and line.strip().lstrip("#").strip() in _NBVAL_MARKERS)]
+    return "\n".join(kept)
 
 
 def render_lab(solution_path: str | Path) -> str:

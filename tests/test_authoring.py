@@ -219,3 +219,12 @@ def test_stale_message_wording():
 def test_committed_labs_are_in_sync():
     stale = stale_labs(REPO / "solutions", REPO / "labs")
     assert not stale, stale_message(stale)
+
+
+def test_nbval_markers_are_dropped_from_labs():
+    from course_lib.authoring import make_lab
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nimport time\nprint(time.time())  # NBVAL_IGNORE_OUTPUT stays")]
+    lab = make_lab(nb, name="markers.ipynb")
+    assert lab.cells[0].source == "import time\nprint(time.time())  # NBVAL_IGNORE_OUTPUT stays"

@@ -55,6 +55,14 @@ for ext in assignment_list course_list formgrader validate_assignment; do
   "$VENV/bin/jupyter" server extension disable --sys-prefix "nbgrader.server_extensions.$ext" >/dev/null 2>&1 || true
 done
 
+# No news or update pop-ups in a learner's JupyterLab (and no calls out to fetch them).
+mkdir -p "$VENV/share/jupyter/lab/settings"
+cat > "$VENV/share/jupyter/lab/settings/overrides.json" <<'JSON'
+{
+  "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}
+}
+JSON
+
 "$VENV/bin/python" -c 'import torch, fbgemm_gpu, torchrec' || {
   echo "setup: the stack installed but does not import; run .venv/bin/python -m course_lib.env for a diagnosis." >&2
   exit 1
