@@ -56,6 +56,7 @@ PRELOAD_FULL = (*PRELOAD_FIRST, "torchrec", "torchrec.distributed")
 _TERMINATE_GRACE_S = 2.0
 _FAILURE_GRACE_S = 0.25  # let peers that fail at the same moment report before they are terminated
 _POLL_S = 0.005
+_ELASTIC_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 device_for = _rank.device_for
 
@@ -378,6 +379,7 @@ class _Ranks:
     """The rank processes of one launch, whichever way they were started; polls their exits."""
 
     def __init__(self, method: str, workdir: str, world_size: int) -> None:
+        self.pcontext: Any = None  # torch.distributed.elastic's PContext, for the spawn method
         self.method = method
         self.workdir = workdir
         self.pids: dict[int, int] = {}  # rank -> pid
@@ -398,12 +400,27 @@ class _Ranks:
                 shutdown_fork_server()  # takes any rank it did start with it
                 raise
         elif method == "spawn":
-            for rank in range(world_size):
-                popen = subprocess.Popen(
-                    [sys.executable, "-c", _rank.SPAWN_CODE, workdir, str(rank)], start_new_session=True
-                )
-                self.popens[rank] = popen
-                self.pids[rank] = popen.pid
+            # torch's own process layer (what torchrun runs ranks with): a fresh interpreter per rank.
+            from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+            kept = {sig: signal.getsignal(sig) for sig in _ELASTIC_SIGNALS}
+            self.pcontext = start_processes(
+                name="course-launch",
+                entrypoint=sys.executable,
+                args={r: ("-c", _rank.SPAWN_CODE, workdir, str(r)) for r in range(world_size)},
+                envs={r: {} for r in range(world_size)},
+                logs_specs=DefaultLogsSpecs(log_dir=os.path.join(workdir, "elastic")),
+                start_method="spawn",
+            )
+            if threading.current_thread() is threading.main_thread():
+                # PContext.start() turns SIGINT into its own exception; a notebook interrupt must stay a
+                # KeyboardInterrupt (launch() then ends the ranks itself).
+                for sig, handler in kept.items():
+                    if handler is not None:
+                        signal.signal(sig, handler)
+            for rank, handler in self.pcontext.subprocess_handlers.items():
+                self.popens[rank] = handler.proc
+                self.pids[rank] = handler.proc.pid
         else:  # fork straight from this process (CPU only; checked in _validate)
             for rank in range(world_size):
                 pid = os.fork()
@@ -462,6 +479,11 @@ class _Ranks:
                 break  # its ranks died with it (parent-death signal)
             self.poll(_POLL_S)
             on_wait()
+
+    def close(self) -> None:
+        """Release what the process layer holds (its log files); every rank has exited by now."""
+        if self.pcontext is not None:
+            self.pcontext.close(death_sig=signal.SIGKILL, timeout=1)
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -579,7 +601,7 @@ def launch(
     except Exception:
         raise TypeError(f"launch() cannot ship this call to the ranks: {_unpicklable_part(fn, args, kwargs)}") from None
 
-    saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved_handlers = {sig: signal.getsignal(sig) for sig in _ELASTIC_SIGNALS}
     workdir = tempfile.mkdtemp(prefix="course-launch-")  # mode 0700: private to this user
     try:
         with open(os.path.join(workdir, _rank.PAYLOAD), "wb") as f:
@@ -639,11 +661,13 @@ def _run(
                 break
     except BaseException:  # Ctrl-C / kernel interrupt, or the fork server died: end every rank
         ranks.terminate(ranks.pids, pump.pump)
+        ranks.close()
         pump.pump(final=True)
         raise
     stragglers = ranks.running()
     if stragglers:
         ranks.terminate(stragglers, pump.pump)
+    ranks.close()
     pump.pump(final=True)
     for rank, code in sorted(ranks.exit_codes.items()):
         record = _read_result(workdir, rank)

@@ -210,7 +210,8 @@ def test_no_process_or_temp_folder_outlives_launches(shared_kernel):
     assert _launch_dirs(shared_kernel.tmpdir) - before == set()
 
 
-def test_interrupt_terminates_every_rank_and_reraises(kernel):
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_interrupt_terminates_every_rank_and_reraises(kernel, method):
     kernel.run("from course_lib import launch")
     before = _launch_dirs(kernel.tmpdir)
     cell = kernel.run(
@@ -218,7 +219,7 @@ def test_interrupt_terminates_every_rank_and_reraises(kernel):
         "    import time, torch.distributed as dist\n"
         "    print('started', flush=True)\n"
         "    time.sleep(600)\n"
-        "launch(sleepy, world_size=2, show_ranks=[0])\n",
+        f"launch(sleepy, world_size=2, show_ranks=[0], start_method={method!r})\n",
         interrupt_when="started",
         timeout=60,
     )
@@ -331,7 +332,9 @@ def test_fork_is_refused_once_cuda_is_initialised(monkeypatch):
 def test_other_start_methods(method):
     from course_lib.demos import all_reduce_ranks
 
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     assert launch(all_reduce_ranks, world_size=2, start_method=method) == [1.0, 1.0]
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # torch elastic's handlers are undone
 
 
 def test_more_ranks_than_cores_warns():
