@@ -73,6 +73,7 @@ class RankFailure:
     exit_code: int | None = None
     exception: BaseException | None = field(default=None, repr=False)
     after: int | None = None  # the rank whose failure came first, when this one followed it
+    seen_at: float = field(default_factory=time.time, repr=False)  # when the launcher saw it (wall clock)
 
     def headline(self) -> str:
         later = f" (after rank {self.after} failed)" if self.after is not None else ""
@@ -698,15 +699,18 @@ def _run(
 
 
 def _order_failures(failures: list[RankFailure], workdir: str) -> None:
-    """First failure first (by when its result was written); later ones are marked as consequences."""
+    """First failure first; later ones are marked as consequences.
 
-    def written(f: RankFailure) -> int:
+    A rank that raised failed when it wrote its error; a rank that died without one, when its exit was seen.
+    """
+
+    def when(f: RankFailure) -> float:
         try:
-            return os.stat(_rank.result_path(workdir, f.rank)).st_mtime_ns
+            return os.stat(_rank.result_path(workdir, f.rank)).st_mtime_ns / 1e9
         except FileNotFoundError:
-            return 1 << 62
+            return f.seen_at
 
-    failures.sort(key=written)
+    failures.sort(key=when)
     if len(failures) > 1:
         first = failures[0].rank
         for f in failures[1:]:

@@ -33,6 +33,18 @@ def _launch_dirs(tmpdir: str | None = None) -> set[str]:
     return set(glob.glob(os.path.join(tmpdir or tempfile.gettempdir(), "course-launch-*")))
 
 
+def _no_ranks_left(kernel_pid: int, within: float = 5.0) -> list[psutil.Process]:
+    """Wait (briefly) for the kernel to have no rank processes; returns those still there.
+
+    A fork server being started shows the kernel's command line until it execs, so one look can mistake it
+    for a rank: look again until the answer is stable.
+    """
+    deadline = time.monotonic() + within
+    while (left := _ranks_of(kernel_pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def _ranks_of(kernel_pid: int) -> list[psutil.Process]:
     """Processes under the kernel other than its fork servers (ranks are the fork servers' children)."""
     try:
@@ -65,15 +77,20 @@ def test_results_closures_and_lambdas(shared_kernel):
 def test_changed_notebook_function_runs_as_changed_and_warm_launch_is_fast(shared_kernel):
     shared_kernel.run("def answer():\n    return 'old'\nlaunch(answer)")
     cell = shared_kernel.run(
-        "import time\n"
+        "import sys, time\n"
         "def answer():\n    return 'new'\n"
-        "t = time.perf_counter(); r = launch(answer); took = time.perf_counter() - t\n"
-        "print(r, f'{took:.3f}')"
+        "def timed():\n"
+        "    t = time.perf_counter(); r = launch(answer); return r, time.perf_counter() - t\n"
+        "sys.modules['course_lib.launch'].shutdown_fork_server()\n"
+        "r, cold = timed()\n"
+        "warm = min(timed()[1] for _ in range(3))\n"
+        "print(r, f'{cold:.3f} {warm:.3f}')"
     )
     assert cell.error is None, cell.evalue
-    values, took = cell.stdout.rsplit(" ", 1)
+    values, cold, warm = cell.stdout.rsplit(" ", 2)
     assert values == "['new', 'new']"
-    assert float(took) < 1.0, f"a warm launch took {took} s"
+    # best of three, so that a busy machine does not decide it; alone here: ~1.4 s cold, ~0.07 s warm
+    assert float(warm) < 0.5 and float(warm) < float(cold) / 3, f"cold {cold} s, warm {warm} s"
 
 
 def test_output_streams_live_with_rank_prefixes(shared_kernel):
@@ -206,7 +223,7 @@ def test_torchrun_environment_and_signal_handlers(shared_kernel):
 def test_no_process_or_temp_folder_outlives_launches(shared_kernel):
     before = _launch_dirs(shared_kernel.tmpdir)
     shared_kernel.run("launch(lambda: 1)\ntry:\n    launch(lambda: 1 / 0)\nexcept LaunchError:\n    pass")
-    assert _ranks_of(shared_kernel.pid) == []
+    assert _no_ranks_left(shared_kernel.pid) == []
     assert _launch_dirs(shared_kernel.tmpdir) - before == set()
 
 
@@ -225,7 +242,7 @@ def test_interrupt_terminates_every_rank_and_reraises(kernel, method):
     )
     assert cell.ename == "KeyboardInterrupt"
     assert cell.seconds < 30
-    assert _ranks_of(kernel.pid) == []
+    assert _no_ranks_left(kernel.pid) == []
     assert _launch_dirs(kernel.tmpdir) - before == set()
     assert kernel.run("print(launch(lambda: 'still works'))").stdout.endswith("['still works', 'still works']\n")
 

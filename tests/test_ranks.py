@@ -12,7 +12,7 @@ import pytest
 from course_lib import LaunchError, Ranks
 
 from conftest import Kernel
-from test_launch import _ranks_of
+from test_launch import _no_ranks_left, _ranks_of
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_close_leaves_nothing_and_closed_ranks_say_so():
         cell = k.run("r.close()\nimport os\nprint(os.path.exists(wd))\nr.pull('1')")
         assert cell.stdout == "False\n"
         assert cell.ename == "RuntimeError" and "closed" in cell.evalue
-        assert _ranks_of(k.pid) == []
+        assert _no_ranks_left(k.pid) == []
         # a killed kernel takes live ranks with it
         k.run("r2 = Ranks(world_size=2)")
         doomed = _ranks_of(k.pid) + psutil.Process(k.pid).children()
