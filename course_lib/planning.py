@@ -472,7 +472,12 @@ def plot_memory(
         mean = sum(bottom) / len(bottom)
         spread = 0.0 if mean == 0 else (max(bottom) - min(bottom)) / mean
         ax.set_title(f"{label}\nspread {spread:.0%}", fontsize=8)
-        ax.set_xticks(range(frame.shape[1]), [f"rank {r}" for r in frame.columns], fontsize=7)
+        if frame.shape[1] <= 8:
+            ax.set_xticks(range(frame.shape[1]), [f"rank {r}" for r in frame.columns], fontsize=7)
+        else:  # many ranks: numbers only, and only as many as fit
+            step = max(1, frame.shape[1] // 8)
+            ax.set_xticks(range(0, frame.shape[1], step), [str(r) for r in frame.columns[::step]], fontsize=7)
+            ax.set_xlabel("rank", fontsize=8)
         ax.set_ylim(0, top)
         ax.grid(axis="x", visible=False)
     axes[0][0].set_ylabel(f"parameters ({unit})", fontsize=8)

@@ -65,6 +65,11 @@ def explain_planner_error(error: Exception, request: PlanRequest) -> str:
             f"(+ {float(have.group(2)):g} GB host memory) for them. Add ranks, give each rank more memory, "
             "or relax the constraints."
         )
+    if "strict constraints" in text:
+        return (
+            f"The planner cannot satisfy these constraints with {request.memory_gib:g} GiB of {memory} on each of "
+            f"{request.world_size} ranks: set some tables back to '{ANY}', or give each rank more memory."
+        )
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return f"The planner refused: {first}"
 

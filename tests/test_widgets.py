@@ -40,6 +40,11 @@ def test_an_impossible_request_is_explained_not_raised():
     assert "Traceback" not in out.error and "Add ranks" in out.error
 
 
+def test_impossible_constraints_are_explained():
+    out = plan_layout(TABLES, PlanRequest(world_size=2, ranks_per_node=2, memory_gib=0.001, compute_device="cpu", constraints={"t0": "column_wise"}))
+    assert not out.ok and (out.error.startswith("The planner cannot satisfy") or out.error.startswith("The planner cannot fit"))
+
+
 @pytest.mark.parametrize(
     "request_, words",
     [

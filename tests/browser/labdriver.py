@@ -57,6 +57,7 @@ class LabSession:
                 "COURSE_PROGRESS": "",  # a real front-end: widgets, not text lines
                 "JUPYTERLAB_SETTINGS_DIR": str(self.root / "settings"),
                 "JUPYTER_RUNTIME_DIR": str(self.root / "runtime"),
+                "JUPYTERLAB_WORKSPACES_DIR": str(self.root / "workspaces"),  # no tabs restored from other runs
             },
         )
         self._wait_for_server()
@@ -82,8 +83,11 @@ class LabSession:
     # ------------------------------------------------------------------------------- notebook actions
 
     def open(self, notebook: str) -> None:
+        cells = len(json.loads((self.root / "labs" / notebook).read_text())["cells"])
         self.page.goto(self.url(f"lab/tree/{notebook}"))
-        self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        self.page.wait_for_function(
+            f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length >= {cells}", timeout=60_000
+        )
         self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         self.next_cell = 0
 

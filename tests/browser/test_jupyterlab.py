@@ -37,3 +37,44 @@ def test_setup_lab_runs_in_jupyterlab_and_launch_streams_into_the_cell(lab):
     assert "[rank 0] 2 ranks, backend 'gloo'" in out and "[1.0, 1.0]" in out, out
     lab.screenshot("00_setup-first-launch")
     assert time.monotonic() - start < 240
+
+
+def test_plan_explorer_replans_when_a_control_changes(lab):
+    start = time.monotonic()
+    lab.open("03_sharding.ipynb")
+    lab.run_until("PlanExplorer(TABLES", timeout_s=180)
+    panel = lab.page.locator(".course-plan-explorer")
+    panel.wait_for(timeout=60_000)
+    table = panel.locator(".course-plan-table")
+    table.wait_for(timeout=60_000)
+    before_table = table.inner_text()
+    before_plot = panel.locator("img").first.get_attribute("src")
+    assert "user" in before_table
+    lab.screenshot("03_sharding-plan-explorer-before")
+
+    panel.locator(".widget-dropdown:has(label:text-is('user')) select").select_option("column_wise")
+    panel.locator(".widget-text:has(label:text-is('ranks')) input").fill("16")
+    panel.locator("button:has-text('Plan')").click()
+    lab.page.wait_for_function(
+        "before => { const t = document.querySelector('.course-plan-explorer .course-plan-table');"
+        " return t && t.innerText !== before; }",
+        arg=before_table,
+        timeout=60_000,
+    )
+    after_table = table.inner_text()
+    assert "column_wise" in after_table.split("user", 1)[1].splitlines()[0], after_table
+    lab.page.wait_for_function(  # the plot is redrawn after the table
+        "before => { const i = document.querySelector('.course-plan-explorer img'); return i && i.src !== before; }",
+        arg=before_plot,
+        timeout=60_000,
+    )
+    lab.screenshot("03_sharding-plan-explorer-after")
+
+    panel.locator(".widget-text:has(label:text-is('GiB/rank')) input").fill("0.001")
+    panel.locator("button:has-text('Plan')").click()
+    error = panel.locator(".course-plan-error")
+    error.wait_for(timeout=60_000)
+    assert error.inner_text().startswith(("The planner cannot fit these tables", "The planner cannot satisfy"))
+    assert "Traceback" not in panel.inner_text()
+    lab.screenshot("03_sharding-plan-explorer-impossible")
+    assert time.monotonic() - start < 300
