@@ -29,6 +29,16 @@ _FILTERS: list[tuple[str, type[Warning], str]] = [
     # fbgemm's dense (data-parallel) embedding kernel: torch asks fbgemm to register an autograd kernel.
     (r"fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered.*", UserWarning,
      r"torch\.autograd(\..*)?"),
+    # FSDP2 warns when a sharded module returns a view (a Linear on a 3-D input does) in case the caller then
+    # modifies it in place; the labs' models never do.
+    (r"FSDP2-wrapped module \(.*\) returned a view tensor.*", UserWarning,
+     r"torch\.distributed\.fsdp\._fully_shard\._fsdp_state"),
+    # nn.Transformer(...) with the default batch_first=False: a note about an inference fast path.
+    (r"enable_nested_tensor is True, but self\.use_nested_tensor is False.*", UserWarning,
+     r"torch\.nn\.modules\.transformer"),
+    # torchrec's BinaryCriteoUtils.tsv_to_npys maps rows with a local function; torch's DataPipes note that
+    # such a pipe cannot be pickled, which nothing here does.
+    (r"Local function is not supported by pickle.*", UserWarning, r"torch\.utils\.data\.datapipes(\..*)?"),
 ]
 
 # torch.fx._symbolic_trace: torchrec's KJT/EBC code calls torch.fx's is_fx_tracing(), which logs a deprecation

@@ -1,0 +1,141 @@
+"""The 06_fsdp checks accept the solutions and reject plausible wrong answers."""
+from __future__ import annotations
+
+import pytest
+
+from course_lib.checks import CheckFailed
+from course_lib.checks import lab06
+
+
+# ------------------------------------------------------------------------------------- shard
+# Functions shipped to the ranks import what they use, so cloudpickle sends them by value.
+
+
+def shard_solution(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def shard_nothing(model):
+    return model
+
+
+def shard_root_only(model):
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model)
+
+
+def shard_blocks_only(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block)
+
+
+def shard_root_first(model):
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model)
+    for block in model.layers:
+        fully_shard(block)
+
+
+def shard_with_ddp(model):
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def not_written(model):
+    raise NotImplementedError()
+
+
+def test_shard_check_accepts_the_solution(capsys):
+    lab06.check_shard(shard_solution)
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "4 all-gathers per forward" in out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (shard_nothing, "no parameter is sharded"),
+        (shard_root_only, "only the root was sharded"),
+        (shard_blocks_only, "the root is not sharded"),
+        (shard_root_first, "bottom-up|not a group"),
+        (shard_with_ddp, "no parameter is sharded"),
+        (not_written, "not written yet"),
+    ],
+)
+def test_shard_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_shard(wrong)
+
+
+# ------------------------------------------------------------------------------------- bytes
+
+
+def predict_solution(num_params, world_size):
+    return {"params": 4 * num_params / world_size, "grads": 4 * num_params / world_size,
+            "optimizer": 8 * num_params / world_size}
+
+
+def predict_ddp(num_params, world_size):
+    return {"params": 4 * num_params, "grads": 4 * num_params, "optimizer": 8 * num_params}
+
+
+def predict_one_adam_state(num_params, world_size):
+    return {**predict_solution(num_params, world_size), "optimizer": 4 * num_params / world_size}
+
+
+def predict_master_copy(num_params, world_size):
+    return {**predict_solution(num_params, world_size), "optimizer": 12 * num_params / world_size}
+
+
+def predict_zero2(num_params, world_size):  # parameters left whole
+    return {**predict_solution(num_params, world_size), "params": 4 * num_params}
+
+
+def predict_count_not_bytes(num_params, world_size):
+    return {"params": num_params / world_size, "grads": num_params / world_size,
+            "optimizer": 2 * num_params / world_size}
+
+
+def test_bytes_check_accepts_the_solution(capsys):
+    lab06.check_bytes_prediction(predict_solution)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (predict_ddp, "under DDP"),
+        (predict_one_adam_state, "two fp32 tensors"),
+        (predict_master_copy, "no fp32 master copy"),
+        (predict_zero2, "under DDP"),
+        (predict_count_not_bytes, "counts values, not bytes"),
+        (lambda n, w: [1, 2, 3], "return a dict"),
+        (lambda n, w: {"params": "4N", "grads": 0, "optimizer": 0}, "number of bytes"),
+    ],
+)
+def test_bytes_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_bytes_prediction(wrong)
+
+
+def test_the_bytes_model_divides_evenly_on_four_ranks():
+    num_params, measured = lab06.measured_bytes(4)
+    assert measured == {"params": num_params, "grads": num_params, "optimizer": 2 * num_params,
+                        "total": 4 * num_params}
+
+
+def test_bytes_check_says_when_the_answer_is_not_written():
+    def predict(num_params, world_size):
+        raise NotImplementedError()
+
+    with pytest.raises(CheckFailed, match="not written yet"):
+        lab06.check_bytes_prediction(predict)
