@@ -82,6 +82,14 @@ class LabSession:
 
     # ------------------------------------------------------------------------------- notebook actions
 
+    def use_solved(self, notebook: str) -> None:
+        """Replace the lab copy of `notebook` by its solution with outputs cleared: a learner who has done the exercises."""
+        nb = json.loads((REPO / "solutions" / notebook).read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+        (self.root / "labs" / notebook).write_text(json.dumps(nb))
+
     def open(self, notebook: str) -> None:
         cells = len(json.loads((self.root / "labs" / notebook).read_text())["cells"])
         self.page.goto(self.url(f"lab/tree/{notebook}"))
@@ -94,23 +102,29 @@ class LabSession:
     def cells(self) -> Any:
         return self.page.locator(".jp-Notebook .jp-Cell")
 
-    def run_cells(self, count: int, timeout_s: float = 120) -> None:
+    def run_cells(self, count: int, timeout_s: float = 120, wait_last: bool = True) -> None:
         """Run the next `count` cells one by one (Shift+Enter), going on past cells that raise."""
         self.cells().nth(self.next_cell).locator(".jp-InputPrompt").click()
         self.page.keyboard.press("Escape")  # command mode
-        for _ in range(count):
+        for i in range(count):
             self.page.keyboard.press("Shift+Enter")
-            self.wait_idle(timeout_s)
+            if wait_last or i < count - 1:
+                self.wait_idle(timeout_s)
         self.next_cell += count
 
-    def run_until(self, text: str, timeout_s: float = 120) -> int:
+    def running(self) -> bool:
+        return self.page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-InputPrompt')).some(p => p.innerText.includes('*'))"
+        )
+
+    def run_until(self, text: str, timeout_s: float = 120, wait_last: bool = True) -> int:
         """Run cells until one whose source contains `text` has run; return its index."""
         sources = self.page.evaluate(
             "() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell')).map(c =>"
             " c.classList.contains('jp-CodeCell') ? c.querySelector('.jp-InputArea-editor').innerText : '')"
         )
         index = next(i for i, s in enumerate(sources) if text in s and i >= self.next_cell)
-        self.run_cells(index + 1 - self.next_cell, timeout_s)
+        self.run_cells(index + 1 - self.next_cell, timeout_s, wait_last)
         return index
 
     def wait_idle(self, timeout_s: float = 120) -> None:

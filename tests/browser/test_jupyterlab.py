@@ -1,7 +1,9 @@
 """The labs in a real JupyterLab, driven by headless Chromium (run with `make test-browser`, or in `make test`)."""
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -78,3 +80,28 @@ def test_plan_explorer_replans_when_a_control_changes(lab):
     assert "Traceback" not in panel.inner_text()
     lab.screenshot("03_sharding-plan-explorer-impossible")
     assert time.monotonic() - start < 300
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "labs" / "04_dmp.ipynb").exists(), reason="lab 04 not written yet")
+def test_training_cell_shows_a_live_progress_bar_to_the_end(lab):
+    start = time.monotonic()
+    lab.use_solved("04_dmp.ipynb")  # a learner who has done the exercises
+    lab.open("04_dmp.ipynb")
+    index = lab.run_until("launch(train_and_evaluate, log)", timeout_s=180, wait_last=False)
+    cell = lab.cells().nth(index)
+    seen: list[tuple[int, int]] = []
+    while lab.running() and time.monotonic() - start < 400:
+        for text in cell.locator(".widget-html-content").all_inner_texts():
+            match = re.search(r"(\d+)/(\d+)", text)
+            if match and (not seen or seen[-1] != (int(match[1]), int(match[2]))):
+                seen.append((int(match[1]), int(match[2])))
+                if len(seen) == 2:
+                    lab.screenshot("04_dmp-training-progress")
+        lab.page.wait_for_timeout(200)
+    lab.wait_idle(60)
+    final = [int(m[1]) for t in cell.locator(".widget-html-content").all_inner_texts() for m in [re.search(r"(\d+)/(\d+)", t)] if m]
+    total = seen[-1][1] if seen else 0
+    assert len({s for s, _ in seen}) >= 3, f"the bar did not advance while training: {seen}"
+    assert final and final[-1] == total > 0, f"the bar stopped at {final} of {total}"
+    assert "train: step" not in cell.locator(".jp-OutputArea").inner_text()  # a bar, not text lines
+    lab.screenshot("04_dmp-training-done")
