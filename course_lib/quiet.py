@@ -39,6 +39,9 @@ _FILTERS: list[tuple[str, type[Warning], str]] = [
     # torchrec's BinaryCriteoUtils.tsv_to_npys maps rows with a local function; torch's DataPipes note that
     # such a pipe cannot be pickled, which nothing here does.
     (r"Local function is not supported by pickle.*", UserWarning, r"torch\.utils\.data\.datapipes(\..*)?"),
+    # init_process_group(backend="nccl") on a CPU build warns before it raises "doesn't have NCCL built in".
+    (r"Attempted to get default timeout for nccl backend, but NCCL support is not compiled", UserWarning,
+     r"torch\.distributed\.distributed_c10d"),
 ]
 
 # torch.fx._symbolic_trace: torchrec's KJT/EBC code calls torch.fx's is_fx_tracing(), which logs a deprecation

@@ -1,0 +1,209 @@
+"""Checks for 04_dmp: wrap a model with a given plan, write the training step, compute the AUC gap."""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+
+from course_lib import data
+from course_lib.checks import fail, passed
+
+# A small world for the checks: the same tables as the lab's log, few rows (fast to make and to train on).
+_CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=2_000, seed=3)
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs on every rank: build the lab's model on meta, plan it, let `wrap` shard it, and report."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import models, training
+
+    torch.manual_seed(0)
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+    plan = training.model_plan(model, per_table, world_size=dist.get_world_size())
+    requested = {
+        table: (sharding.sharding_type, tuple(sharding.ranks or ()))
+        for module_plan in plan.plan.values()
+        for table, sharding in module_plan.items()
+    }
+    report: dict[str, Any] = {"requested": requested}
+    try:
+        wrapped = wrap(model, plan)
+    except Exception as error:  # a learner's bug: report it, do not crash the check
+        report["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        return report
+    report["type"] = type(wrapped).__name__
+    if not isinstance(wrapped, DistributedModelParallel):
+        return report
+    report["actual"] = training.sharding_types(wrapped)
+    report["whole_model"] = {"model.dense_arch", "model.over_arch"} <= {name for name, _ in wrapped.module.named_modules()}
+    if report["whole_model"] and report["actual"] == requested:
+        try:  # it must also train: one step on a small batch
+            batch = next(data.batches(data.make_click_log(_CHECK_CONFIG).train, 32, dist.get_rank(), dist.get_world_size()))
+            loss = training.train_step(wrapped, training.optimizer(wrapped), batch)
+            report["loss"] = loss
+        except Exception as error:
+            report["error"] = f"one training step of the wrapped model raised {type(error).__name__}: {error}"
+    return report
+
+
+def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`wrap(model, plan)` must return a DistributedModelParallel of the whole model that applies `plan`.
+
+    The check runs it on 2 ranks with the lab's DLRM built on meta and the plan ``training.model_plan``
+    makes from `per_table`.
+    """
+    if launch is None:
+        from course_lib import launch
+    reports = launch(_wrap_on_rank, wrap, dict(per_table), world_size=2, show_ranks=[])
+    report = reports[0]
+    if "error" in report and "type" not in report:
+        fail(f"wrap(model, plan) raised {report['error']}")
+    if report.get("type") != "DistributedModelParallel":
+        fail(
+            f"wrap returned a {report.get('type')}",
+            "return DistributedModelParallel(module=model, device=..., plan=plan, sharders=...)",
+        )
+    if not report["whole_model"]:
+        fail(
+            "the DistributedModelParallel does not hold the whole model (its dense and over arch are missing)",
+            "wrap the model you are given; DMP finds the EmbeddingBagCollection inside it by its path",
+        )
+    for table, want in report["requested"].items():
+        got = report["actual"].get(table)
+        if got != want:
+            fail(
+                f"table {table!r} is {_describe(got)}, the plan asks for {_describe(want)}",
+                "pass the plan to DistributedModelParallel (plan=plan): without it, DMP runs the planner and "
+                "uses the planner's plan",
+            )
+    if "error" in report:
+        fail(report["error"])
+    passed("wrap applies the plan to every table: " + ", ".join(f"{t} {s}" for t, (s, _) in report["requested"].items()))
+
+
+def _describe(sharding: tuple[str, tuple[int, ...]] | None) -> str:
+    if sharding is None:
+        return "not sharded"
+    kind, ranks = sharding
+    return f"{kind} on ranks {list(ranks)}"
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def _tiny_model() -> torch.nn.Module:
+    from course_lib import models
+
+    torch.manual_seed(0)
+    return models.click_dlrm(_CHECK_CONFIG.tables(8), _CHECK_CONFIG.num_dense, hidden=16)
+
+
+def _max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max((pa.detach() - pb.detach()).abs().max().item() for pa, pb in zip(a.parameters(), b.parameters()))
+
+
+def check_train_step(train_step: Callable[[Any, Any, Any], Any]) -> None:
+    """`train_step(model, optimizer, batch)` must take one gradient step on the batch's loss and return it.
+
+    It is compared, step by step, with a correct step on an unsharded copy of the lab's DLRM (plain SGD).
+    """
+    from course_lib import training
+
+    log = data.make_click_log(_CHECK_CONFIG)
+    batches = [log.train.batch(i * 64, (i + 1) * 64) for i in range(3)]
+    reference = _tiny_model()
+    model = copy.deepcopy(reference)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for i, batch in enumerate(batches):
+        before = [p.detach().clone() for p in model.parameters()]
+        try:
+            got = train_step(model, optimizer, batch)
+        except Exception as error:
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            hint = (
+                "the logits and labels the model returns are detached; call backward on the loss, the first "
+                "thing model(batch) returns"
+                if "does not require grad" in message
+                else "model(batch) returns (loss, (loss, logits, labels)); see the cell above"
+            )
+            fail(f"train_step raised {type(error).__name__}: {message}", hint)
+        want = training.train_step(reference, reference_optimizer, batch)
+        try:
+            got_loss = float(got)
+        except (TypeError, ValueError):
+            fail(f"train_step returned {got!r}", "return the batch's loss as a number: loss.item()")
+        if all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())):
+            fail(
+                f"step {i + 1}: the weights did not change",
+                "call optimizer.step() after loss.backward() (and zero the gradients before backward, not after)",
+            )
+        difference = _max_difference(model, reference)
+        if difference > 1e-5:
+            if i == 0:
+                fail(
+                    "the first update is not a gradient step on the batch's loss",
+                    "call backward on the loss that model(batch) returns, then optimizer.step()",
+                )
+            fail(
+                f"step {i + 1} differs from a correct step (by {difference:.2g}) although step 1 matched",
+                "gradients add up across steps until they are zeroed: call optimizer.zero_grad() every step",
+            )
+        if not math.isclose(got_loss, want, rel_tol=1e-5, abs_tol=1e-6):
+            fail(
+                f"step {i + 1} returned {got_loss:.6f}, the batch's loss was {want:.6f}",
+                "return the loss of this batch, computed by the forward pass before the update",
+            )
+    passed("train_step matches a correct step for 3 steps: zero the gradients, forward, backward, step")
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+
+def _gap_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, data.ClickLog]:
+    """A model's scores on a shuffled test split: noisy true logits, in an order that is not the split's."""
+    log = data.make_click_log(_CHECK_CONFIG)
+    generator = torch.Generator().manual_seed(seed)
+    noisy = log.test.true_logits + 1.5 * torch.randn(len(log.test), generator=generator)
+    order = torch.randperm(len(log.test), generator=generator)
+    return noisy[order], log.test.labels[order], log.test, log
+
+
+def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit], Any]) -> None:
+    """`auc_gap(logits, labels, split)`: Bayes-optimal AUC of `split` minus the AUC of `logits` on `labels`."""
+    from torchmetrics.classification import BinaryAUROC
+
+    logits, labels, split, log = _gap_case(seed=1)
+    model_auc = float(BinaryAUROC()(logits, labels))
+    want = data.bayes_optimal_auc(split) - model_auc
+    try:
+        got = float(auc_gap(logits.clone(), labels.clone(), split))
+    except Exception as error:
+        fail(f"auc_gap raised {type(error).__name__}: {error}")
+    if math.isclose(got, want, abs_tol=1e-6):
+        passed(f"auc_gap = optimum - model AUC ({want:.4f} on the check's split)")
+        return
+    if math.isclose(got, -want, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned {got:.4f}, expected {want:.4f}: the sign is flipped",
+            "the gap is (best possible AUC) - (model AUC): positive while the model is worse than the optimum",
+        )
+    if math.isclose(got, data.bayes_optimal_auc(log.train) - model_auc, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned {got:.4f}, expected {want:.4f}: that is the train split's optimum",
+            "compare with the optimum of the split the model was evaluated on (its labels are different draws)",
+        )
+    mispaired = data.bayes_optimal_auc(split) - float(BinaryAUROC()(logits, split.labels))
+    if math.isclose(got, mispaired, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned {got:.4f}, expected {want:.4f}: the logits were scored against split.labels",
+            "the logits come back in the ranks' order, not the split's: score them against the labels "
+            "returned with them",
+        )
+    fail(f"auc_gap returned {got:.4f}, expected {want:.4f}", "data.bayes_optimal_auc(split) - AUC of logits vs labels")
