@@ -37,7 +37,12 @@ def report(step: int, total: int, desc: str = "progress", rank0_only: bool = Tru
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         return
-    _torchrun_state.setdefault("view", _TextView()).update(record)  # no launcher: print plain lines
+    # No launcher: rank 0 prints plain lines itself. A new run (steps start again, or another bar) gets a
+    # fresh view, so a second training loop in the same process reports from its start too.
+    view = _torchrun_state.get("view")
+    if view is None or view.finished(record):
+        view = _torchrun_state["view"] = _TextView()
+    view.update(record)
 
 
 def _metrics_text(metrics: dict[str, float]) -> str:
@@ -51,8 +56,17 @@ class _TextView:
         self.start = time.monotonic()
         self.printed: set[float] = set()
         self.started = False
+        self.last: tuple[str, int, int] | None = None  # desc, total, step of the last report
+
+    def finished(self, record: dict[str, Any]) -> bool:
+        """Whether `record` belongs to a new run rather than continuing this one."""
+        if self.last is None:
+            return False
+        desc, total, step = self.last
+        return record["desc"] != desc or record["total"] != total or record["step"] <= step
 
     def update(self, record: dict[str, Any]) -> None:
+        self.last = (record["desc"], record["total"], record["step"])
         step, total = record["step"], max(1, record["total"])
         marks = [q for q in _QUARTERS if step / total >= q and q not in self.printed]
         if not self.started or marks:

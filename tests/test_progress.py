@@ -55,3 +55,12 @@ def test_under_torchrun_rank0_prints_plain_lines(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     progress.report(1, 4, desc="fit")
     assert capsys.readouterr().out == ""
+
+
+def test_a_second_run_in_the_same_process_reports_from_its_start(capsys, monkeypatch):
+    monkeypatch.delenv(progress.ENV_FILE, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    for _ in range(2):
+        for step in range(4):
+            progress.report(step + 1, 4, desc="fit")
+    assert capsys.readouterr().out.count("fit: step 1/4") == 2
