@@ -64,6 +64,15 @@ def device_for(backend: str, local_rank: int) -> str:
     return f"cuda:{local_rank}" if backend == "nccl" else "cpu"
 
 
+def rank_device() -> "torch.device":
+    """This rank's device: ``cuda:LOCAL_RANK`` when the group runs NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
+    return torch.device(device_for(backend, int(os.environ.get("LOCAL_RANK", "0"))))
+
+
 def prepare_rank(backend: str, local_rank: int, local_world_size: int) -> None:
     """Per-rank process setup shared by launch() and torchrun: quiet warnings, threads, device."""
     from course_lib import quiet

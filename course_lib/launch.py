@@ -44,7 +44,7 @@ import cloudpickle
 
 from course_lib import _rank
 
-__all__ = ["launch", "LaunchError", "RankFailure", "resolve_backend", "check_nccl", "device_for"]
+__all__ = ["launch", "LaunchError", "RankFailure", "resolve_backend", "check_nccl", "device_for", "rank_device"]
 
 BACKENDS = ("gloo", "nccl", "auto")
 START_METHODS = ("forkserver", "spawn", "fork")
@@ -59,6 +59,7 @@ _POLL_S = 0.005
 _ELASTIC_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 device_for = _rank.device_for
+rank_device = _rank.rank_device
 
 
 @dataclass

@@ -27,6 +27,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from course_lib import planning
+from course_lib._rank import rank_device
 
 __all__ = [
     "compare_with_unsharded",
@@ -76,15 +77,6 @@ def shard(
     if weights_from is not None:
         model.load_state_dict(weights_from.state_dict())
     return model
-
-
-def rank_device() -> torch.device:
-    """cuda:LOCAL_RANK under NCCL, cpu otherwise."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        import os
-
-        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-    return torch.device("cpu")
 
 
 def dense_optimizer(model: torch.nn.Module, learning_rate: float) -> KeyedOptimizerWrapper | None:

@@ -16,7 +16,6 @@ collective); that is also true under torchrun. Nothing here needs a GPU; under N
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -26,6 +25,7 @@ from torch import nn
 
 from course_lib import data, planning, progress  # noqa: F401  (importing planning drops torchrec's notices
 # "Sharding spec not found for ..." about data-parallel tables)
+from course_lib._rank import rank_device
 
 __all__ = [
     "Step",
@@ -50,10 +50,8 @@ DEFAULT_DENSE_LR = 0.005
 
 
 def device() -> torch.device:
-    """This rank's device: ``cuda:LOCAL_RANK`` under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-    return torch.device("cpu")
+    """This rank's device: ``cuda:LOCAL_RANK`` under NCCL, else the CPU (``course_lib.launch.rank_device``)."""
+    return rank_device()
 
 
 def sharders(learning_rate: float = DEFAULT_EMBEDDING_LR) -> list[Any]:
