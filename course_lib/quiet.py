@@ -23,6 +23,13 @@ _FILTERS: list[tuple[str, type[Warning], str]] = [
     (r".*destroy_process_group\(\) was not called.*", UserWarning, r""),
     # torch.distributed._shard deprecation notices emitted by torchrec's use of ShardedTensor.
     (r".*torch\.distributed\._shard.*deprecated.*", FutureWarning, r""),
+    # torch.distributed.checkpoint (and torch.save, through torch.overrides) note, on every save and load of a
+    # DMP model, that ShardedTensor (what torchrec's sharded tables are) will give way to DTensor; nothing for a
+    # learner to change.
+    (r"Please use DTensor instead and we are deprecating ShardedTensor", FutureWarning,
+     r"torch\.(distributed\.checkpoint(\..*)?|overrides)"),
+    # The same note on every state_dict() of a DMP model, attributed to whichever code called state_dict().
+    (r"Please use DTensor instead and we are deprecating ShardedTensor", FutureWarning, r""),
     # torchrec's row-wise sharding calls these c10d functions (deprecated in favour of *_single) internally.
     (r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated.*", FutureWarning,
      r"torch\.distributed\.c10d_logger"),

@@ -16,6 +16,10 @@ SAMPLES = {
         "cannot import name 'x' (/work/main/.venv/lib/python3.11/site-packages/torch/distributed/fsdp/wrap.py)",
         "cannot import name 'x' (SITE-PACKAGES/torch/distributed/fsdp/wrap.py)",
     ),
+    "course-lib-paths": (
+        'File "/work/main/course_lib/optimizers.py", line 12, in f',
+        'File "COURSE_LIB/optimizers.py", line 12, in f',
+    ),
     "temp-paths": ("FileStore('/tmp/course-launch-k3j2/store') ready", "FileStore('/tmp/TMPPATH') ready"),
     "memory-addresses": ("<function f at 0x7f3a2c1b9e40>", "<function f at 0xADDRESS>"),
     "pids": ("rank 1 (pid 48213) exited; pid=48214", "rank 1 (pid PID) exited; pid=PID"),

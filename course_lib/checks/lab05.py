@@ -1,0 +1,276 @@
+"""Checks for 05_sparse_optimizers: a row-wise Adagrad sharder, a combined optimizer, the optimizer-state formula."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+
+from course_lib import data
+from course_lib.checks import fail, passed
+
+# A small world for the checks: the lab's tables, few rows (fast to make and to train on).
+_CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=200, seed=3)
+_LEARNING_RATE = 0.05
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
+    """Runs on every rank: shard one table row-wise with the learner's sharder, train one step, report."""
+    from torchrec import EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from course_lib import optimizers, sharding
+
+    torch.manual_seed(0)
+    tables = [EmbeddingBagConfig(name="t_check", embedding_dim=16, num_embeddings=1_000, feature_names=["f"])]
+    try:
+        sharder = make_sharder(_LEARNING_RATE)
+    except Exception as error:
+        return {"error": f"rowwise_adagrad_sharder raised {_first_line(error)}"}
+    if not isinstance(sharder, EmbeddingBagCollectionSharder):
+        return {"type": type(sharder).__name__}
+    try:
+        model = optimizers.row_wise_ebc(tables, sharder, kernel="fused")
+        batch = sharding.random_batch(tables, 16, seed=0)
+        optimizers.sum_of_squares(model(batch)).backward()
+    except Exception as error:
+        return {"error": f"sharding or training with your sharder raised {_first_line(error)}"}
+    return {
+        "type": "EmbeddingBagCollectionSharder",
+        "states": [(row["state"], row["local shape"]) for row in optimizers.state_rows(model.fused_optimizer)],
+        "lr": [group["lr"] for group in model.fused_optimizer.param_groups],
+    }
+
+
+def check_rowwise_sharder(
+    rowwise_adagrad_sharder: Callable[[float], Any], launch: Callable[..., list[Any]] | None = None
+) -> None:
+    """`rowwise_adagrad_sharder(learning_rate)` must return an EmbeddingBagCollectionSharder whose fused
+    optimizer is exact row-wise Adagrad at that learning rate.
+
+    The check shards a 1,000 x 16 table row-wise over 2 ranks with it, trains one step, and reads the fused
+    optimizer's state and learning rate.
+    """
+    if launch is None:
+        from course_lib import launch
+    report = launch(_sharder_on_rank, rowwise_adagrad_sharder, world_size=2, show_ranks=[])[0]
+    if "error" in report:
+        hint = (
+            "fbgemm deprecated ROWWISE_ADAGRAD (the inexact one): use EmbOptimType.EXACT_ROWWISE_ADAGRAD"
+            if "deprecated" in report["error"]
+            else "fused_params={'optimizer': EmbOptimType..., 'learning_rate': ...}: fbgemm's names, see section 2"
+        )
+        fail(report["error"], hint)
+    if report.get("type") != "EmbeddingBagCollectionSharder":
+        fail(
+            f"rowwise_adagrad_sharder returned a {report.get('type')}",
+            "return EmbeddingBagCollectionSharder(fused_params={...}); DMP takes it in sharders=[...]",
+        )
+    states = report["states"]
+    rows_per_rank = 500
+    if not states:
+        fail(
+            "the fused optimizer keeps no state: that is SGD (fbgemm's default when fused_params name no optimizer)",
+            "set fused_params['optimizer'] to EmbOptimType.EXACT_ROWWISE_ADAGRAD",
+        )
+    shapes = [shape for _, shape in states]
+    if shapes == [(rows_per_rank, 16)]:
+        fail(
+            f"the fused optimizer keeps a {rows_per_rank} x 16 state on rank 0: one value per element, "
+            "that is (per-element) Adagrad",
+            "row-wise Adagrad keeps one value per row: EmbOptimType.EXACT_ROWWISE_ADAGRAD",
+        )
+    if shapes != [(rows_per_rank,)]:
+        fail(
+            f"the fused optimizer's states on rank 0 are {states}; row-wise Adagrad keeps one of shape ({rows_per_rank},)",
+            "use EmbOptimType.EXACT_ROWWISE_ADAGRAD",
+        )
+    lr = report["lr"][0]
+    if not math.isclose(lr, _LEARNING_RATE, rel_tol=1e-5):
+        hint = (
+            "0.01 is fbgemm's default: pass the learning rate as fused_params['learning_rate']"
+            if math.isclose(lr, 0.01, rel_tol=1e-5)
+            else "pass the function's learning_rate argument as fused_params['learning_rate']"
+        )
+        fail(f"the fused optimizer's learning rate is {lr:.4g}, expected {_LEARNING_RATE}", hint)
+    passed(f"row-wise Adagrad, fused: one state value per row ({rows_per_rank} rows on rank 0), lr {_LEARNING_RATE}")
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str, Any]:
+    """Runs on every rank: shard the lab's DLRM (fused Adagrad sharder), build the learner's optimizer, step."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from course_lib import models, planning, training
+
+    torch.manual_seed(0)
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+    sharders = training.sharders()
+    plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
+        model, sharders, dist.GroupMember.WORLD
+    )
+    dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=sharders)
+    fused_names = {name for name, _ in _fused_parameters(dmp)}
+    try:
+        optimizer = combined_optimizer(dmp, lambda params: torch.optim.Adam(params, lr=0.01))
+    except Exception as error:
+        return {"error": f"combined_optimizer raised {_first_line(error)}"}
+    others = {name: p.detach().clone() for name, p in dmp.named_parameters() if name not in fused_names and p.numel()}
+    batch = next(data.batches(data.make_click_log(_CHECK_CONFIG).train, 64, dist.get_rank(), dist.get_world_size()))
+    try:
+        training.train_step(dmp, optimizer, batch)
+        state = optimizer.state_dict()["state"]
+    except Exception as error:
+        return {"error": f"a training step with your optimizer raised {_first_line(error)}"}
+    state_names = {f"{key}/{name}" for key, value in state.items() if isinstance(value, Mapping) for name in value}
+    fused_state = {f"{key}/{name}" for key, value in dmp.fused_optimizer.state_dict()["state"].items() for name in value}
+    parameters = dict(dmp.named_parameters())
+    return {
+        "type": type(optimizer).__name__,
+        "missing fused state": sorted(fused_state - state_names),
+        "not updated": sorted(
+            name.replace("model.", "").replace("sparse_arch.embedding_bag_collection.embedding_bags.", "")
+            for name, before in others.items()
+            if torch.equal(before, parameters[name].detach())
+        ),
+    }
+
+
+def _fused_parameters(model: Any) -> list[tuple[str, Any]]:
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return list(in_backward_optimizer_filter(model.named_parameters(), include=True))
+
+
+def check_combined_optimizer(
+    combined_optimizer: Callable[[Any, Any], Any], launch: Callable[..., list[Any]] | None = None
+) -> None:
+    """`combined_optimizer(model, make_dense)` must return one optimizer for a DMP model: its fused optimizer
+    (which holds the tables' state) plus ``make_dense(params)`` over every parameter no fused kernel updates.
+
+    The check shards the lab's DLRM with the course's fused Adagrad sharder on 2 ranks (two tables fused
+    table-wise, two data-parallel), trains one step with Adam as the dense optimizer, and reads what changed
+    and what the optimizer's ``state_dict`` holds.
+    """
+    if launch is None:
+        from course_lib import launch
+    reports = launch(_combined_on_rank, combined_optimizer, world_size=2, show_ranks=[])
+    for report in reports:
+        if "error" in report:
+            message = report["error"]
+            hint = (
+                "a parameter may be in one optimizer only: give make_dense the parameters that "
+                "in_backward_optimizer_filter(model.named_parameters()) lets through"
+                if "Duplicate param key" in message
+                else "CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])"
+            )
+            fail(message, hint)
+    for rank, report in enumerate(reports):
+        if report["missing fused state"]:
+            fail(
+                f"the optimizer's state_dict on rank {rank} lacks the fused tables' state "
+                f"({', '.join(report['missing fused state'])}): a checkpoint of it would lose it",
+                "the fused state lives in model.fused_optimizer (torchrec #2104): put it in the CombinedOptimizer",
+            )
+        if report["not updated"]:
+            fail(
+                f"one step left these parameters unchanged on rank {rank}: {', '.join(report['not updated'])}",
+                "every parameter that no fused kernel updates (data-parallel tables too) needs the dense "
+                "optimizer: in_backward_optimizer_filter(model.named_parameters())",
+            )
+    passed(
+        f"one {reports[0]['type']}: the fused tables' state is in its state_dict, and every other parameter "
+        "(dense layers, data-parallel tables) steps with the dense optimizer"
+    )
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+_EXTRA_CASES = [(1_000, 64, 4), (4_096, 8, 8), (30_000, 128, 2)]
+
+
+def _state_bytes(num_rows: int, embedding_dim: int, world_size: int, optimizer: Any) -> int:
+    """The answer: fp32 state of a table sharded row-wise over `world_size` ranks (rows divide evenly)."""
+    rows = num_rows // world_size
+    per_row = {"exact_sgd": 0, "exact_adagrad": embedding_dim, "exact_row_wise_adagrad": 1}[str(optimizer)]
+    return rows * per_row * 4
+
+
+_PROBE = (30_000, 32, 3)  # sizes where the usual mistakes give different numbers: the diagnosis runs here
+
+
+def _diagnose(state_bytes_per_rank: Callable[[int, int, int, Any], Any], optimizer: Any) -> str:
+    """A hint for a wrong formula, from its answer at sizes where each usual mistake gives its own number."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    rows, dim, ranks = _PROBE
+    want = _state_bytes(rows, dim, ranks, optimizer)
+    try:
+        got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
+    except Exception:
+        got = None
+    if optimizer == EmbOptimType.EXACT_SGD:
+        return "plain SGD keeps no state at all"
+    if got == want * ranks:
+        return "each rank holds num_rows / world_size rows of a row-wise table, and their state only"
+    if got is not None and got * 4 == want:
+        return "that counts values; each fp32 value takes 4 bytes"
+    if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and got == want * dim:
+        return "row-wise Adagrad keeps one value per row, not one per element"
+    if optimizer == EmbOptimType.EXACT_ADAGRAD and got == want // dim:
+        return "(per-element) Adagrad keeps one value per element: rows x dim"
+    if optimizer == EmbOptimType.EXACT_ADAGRAD and got == 2 * want:
+        return "Adagrad keeps one sum of squared gradients per element; two states is Adam"
+    return "bytes = (rows on this rank) x (state values per row) x 4"
+
+
+def check_state_bytes(
+    state_bytes_per_rank: Callable[[int, int, int, Any], Any],
+    measured: Mapping[Any, int],
+    num_rows: int,
+    embedding_dim: int,
+    world_size: int,
+) -> None:
+    """`state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)` must predict the fused optimizer
+    state (bytes, on one rank) of a table sharded row-wise over `world_size` ranks.
+
+    `measured` maps each EmbOptimType measured in the lab to the bytes rank 0 held for a `num_rows` x
+    `embedding_dim` table on `world_size` ranks; the prediction must match each, and the formula must also
+    hold for a few other sizes.
+    """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    optimizer_types = [EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD]
+    for optimizer in optimizer_types:
+        if optimizer in measured and measured[optimizer] != _state_bytes(num_rows, embedding_dim, world_size, optimizer):
+            fail(f"the measurement for {optimizer.name} ({measured[optimizer]:,} bytes) is not the one section 4 made",
+                 "pass the dictionary that section 4 built from its measurement")
+    cases = [(num_rows, embedding_dim, world_size, o, measured.get(o)) for o in optimizer_types]
+    cases += [(r, d, w, o, None) for r, d, w in _EXTRA_CASES for o in optimizer_types]
+    for rows, dim, ranks, optimizer, seen in cases:
+        want = _state_bytes(rows, dim, ranks, optimizer)
+        try:
+            got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
+        except Exception as error:
+            fail(f"state_bytes_per_rank({rows}, {dim}, {ranks}, {optimizer.name}) raised {_first_line(error)}")
+        if got == want:
+            continue
+        source = f"measured {seen:,}" if seen is not None else f"expected {want:,}"
+        problem = f"state_bytes_per_rank({rows:,}, {dim}, {ranks}, {optimizer.name}) = {got:,}; {source}"
+        fail(problem, _diagnose(state_bytes_per_rank, optimizer))
+    passed(
+        "the formula matches the measurement and other sizes: rows / world_size x (0 for SGD, dim for Adagrad, "
+        "1 for row-wise Adagrad) x 4 bytes"
+    )

@@ -1,0 +1,179 @@
+"""The 05_sparse_optimizers checks accept the solutions and reject plausible wrong answers."""
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from course_lib.checks import CheckFailed, lab05
+
+# Ship this module's functions by value: otherwise each rank imports the test module (and pytest) to find them.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def rowwise_adagrad_sharder(learning_rate):
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": learning_rate}
+    )
+
+
+def per_element_adagrad(learning_rate):
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": learning_rate}
+    )
+
+
+def deprecated_rowwise_adagrad(learning_rate):
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.ROWWISE_ADAGRAD, "learning_rate": learning_rate}
+    )
+
+
+def no_optimizer(learning_rate):
+    return EmbeddingBagCollectionSharder(fused_params={"learning_rate": learning_rate})
+
+
+def no_learning_rate(learning_rate):
+    return EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+
+
+def only_the_fused_params(learning_rate):
+    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": learning_rate}
+
+
+def test_rowwise_sharder_check_accepts_the_solution(capsys):
+    lab05.check_rowwise_sharder(rowwise_adagrad_sharder)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (per_element_adagrad, "that is \\(per-element\\) Adagrad"),
+        (deprecated_rowwise_adagrad, "deprecated"),
+        (no_optimizer, "keeps no state"),
+        (no_learning_rate, "learning rate is 0.01"),
+        (only_the_fused_params, "returned a dict"),
+    ],
+)
+def test_rowwise_sharder_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab05.check_rowwise_sharder(wrong)
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def combined_optimizer(model, make_dense):
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())), make_dense)
+    return CombinedOptimizer([model.fused_optimizer, dense])
+
+
+def dense_only(model, make_dense):
+    return KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())), make_dense)
+
+
+def plain_torch_optimizer(model, make_dense):
+    return make_dense(list(model.parameters()))
+
+
+def only_the_dense_layers(model, make_dense):
+    params = {n: p for n, p in model.named_parameters() if ".dense_arch." in n or ".over_arch." in n}
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])
+
+
+def unfiltered(model, make_dense):
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dict(model.named_parameters()), make_dense)])
+
+
+def test_combined_optimizer_check_accepts_the_solution(capsys):
+    lab05.check_combined_optimizer(combined_optimizer)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (dense_only, "lacks the fused tables' state"),
+        (plain_torch_optimizer, "lacks the fused tables' state"),
+        (only_the_dense_layers, "unchanged on rank 0: t_category.weight, t_terms.weight"),
+        (unfiltered, "Duplicate param key"),
+    ],
+)
+def test_combined_optimizer_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab05.check_combined_optimizer(wrong)
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+ROWS, DIM, WORLD = 1_000_000, 16, 2
+MEASURED = {  # what the lab measured on rank 0
+    EmbOptimType.EXACT_SGD: 0,
+    EmbOptimType.EXACT_ADAGRAD: ROWS // WORLD * DIM * 4,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: ROWS // WORLD * 4,
+}
+
+
+def state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer):
+    per_row = {EmbOptimType.EXACT_SGD: 0, EmbOptimType.EXACT_ADAGRAD: embedding_dim, EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1}
+    return num_rows // world_size * per_row[optimizer] * 4
+
+
+def per_element_rowwise(num_rows, embedding_dim, world_size, optimizer):
+    if optimizer == EmbOptimType.EXACT_SGD:
+        return 0
+    return num_rows // world_size * embedding_dim * 4
+
+
+def whole_table(num_rows, embedding_dim, world_size, optimizer):
+    return state_bytes_per_rank(num_rows, embedding_dim, 1, optimizer)
+
+
+def values_not_bytes(num_rows, embedding_dim, world_size, optimizer):
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer) // 4
+
+
+def two_states(num_rows, embedding_dim, world_size, optimizer):
+    factor = 2 if optimizer == EmbOptimType.EXACT_ADAGRAD else 1
+    return factor * state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
+
+
+def sgd_with_a_momentum(num_rows, embedding_dim, world_size, optimizer):
+    if optimizer == EmbOptimType.EXACT_SGD:
+        return num_rows // world_size * embedding_dim * 4
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
+
+
+def test_state_bytes_check_accepts_the_solution(capsys):
+    lab05.check_state_bytes(state_bytes_per_rank, MEASURED, ROWS, DIM, WORLD)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (per_element_rowwise, "one value per row, not one per element"),
+        (whole_table, "num_rows / world_size"),
+        (values_not_bytes, "4 bytes"),
+        (two_states, "two states is Adam"),
+        (sgd_with_a_momentum, "SGD keeps no state"),
+    ],
+)
+def test_state_bytes_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab05.check_state_bytes(wrong, MEASURED, ROWS, DIM, WORLD)
+
+
+def test_state_bytes_check_rejects_a_wrong_measurement():
+    wrong = {**MEASURED, EmbOptimType.EXACT_ADAGRAD: MEASURED[EmbOptimType.EXACT_ADAGRAD] * 2}
+    with pytest.raises(CheckFailed, match="not the one section 4 made"):
+        lab05.check_state_bytes(state_bytes_per_rank, wrong, ROWS, DIM, WORLD)
