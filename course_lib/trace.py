@@ -119,10 +119,16 @@ def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def _group_size(bound: dict[str, Any]) -> int:
+    """The number of ranks in the group the collective ran on (a sub-group's size, not the world's)."""
     if "group_size" in bound:
         return int(bound["group_size"])
     group = bound.get("process_group")
-    if group is not None and hasattr(group, "size"):
+    if group is not None:
+        # c10d operators receive the group as a TorchScript object (no Python methods): unbox it.
+        if isinstance(group, torch.ScriptObject):
+            from torch.distributed import ProcessGroup
+
+            group = ProcessGroup.unbox(group)
         return int(group.size())
     if "group_name" in bound:
         from torch.distributed.distributed_c10d import _resolve_process_group

@@ -162,3 +162,39 @@ def test_every_mapped_operator_exists_in_this_torch():
     for name in trace.OPS:
         namespace, op = name.split(".")
         assert hasattr(getattr(torch.ops, namespace), op), name
+
+
+def sub_group_collectives():
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from course_lib import trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
+    pair = pairs[dist.get_rank() // 2]
+    with trace.collectives() as log:
+        dist.all_gather([torch.empty(3) for _ in range(2)], torch.ones(3), group=pair)
+        dist.all_gather_into_tensor(torch.empty(6), torch.ones(3), group=pair)
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(4), group=pair)
+        dist.all_reduce(torch.ones(2), group=pair)
+        funcol.all_reduce(torch.ones(2), "sum", pair).wait()
+        dist.all_reduce(torch.ones(2))  # the whole world
+    return [(r.op, r.group_size) for r in log.records]
+
+
+def test_collectives_on_a_sub_group_report_the_sub_group_size():
+    import warnings
+
+    with warnings.catch_warnings():  # 4 ranks on a 2-core machine: launch warns that they take turns
+        warnings.simplefilter("ignore", UserWarning)
+        by_rank = launch(sub_group_collectives, world_size=4, show_ranks=[])
+    for records in by_rank:
+        assert records == [
+            ("all_gather", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_reduce", 2), ("all_reduce", 2),
+            ("all_reduce", 4),
+        ]
