@@ -1,0 +1,267 @@
+"""Checks for 07_hybrid: a DMP data-parallel wrapper that shards the dense part with FSDP2, and the bytes
+each rank then holds for the dense part.
+
+`check_wrapper` builds the lab's DLRM on 2 ranks, shards its tables with DMP and hands the rest to the
+learner's wrapper, then looks at what came out (are the tables still TorchRec shards, are the dense
+parameters DTensors placed ``Shard(0)``, did anything wrap the model in DDP) and trains it a few steps.
+`check_dense_bytes` compares the learner's formula with bytes measured on 2 and 3 ranks for a dense tower
+whose sizes the lab did not use.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, Mapping
+
+from course_lib import data
+from course_lib.checks import fail, passed
+
+_TIMEOUT_S = 90.0
+# A small world for the checks: the lab's tables, few rows (fast to make and to train on).
+_CHECK_CONFIG = data.ClickLogConfig(num_train=6_144, num_test=1_024, seed=5)
+_BATCH = 256
+_STEPS = 12
+# The dense tower of the bytes exercise: another hidden width than the lab's (24 rows do not split evenly
+# over 3 ranks in every layer, and the head's one row never does).
+BYTES_HIDDEN = 24
+
+
+def _launch_quietly(launch: Callable[..., list[Any]], fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
+    with warnings.catch_warnings():  # 3 ranks on a 2-core laptop is fine for a check
+        warnings.simplefilter("ignore", UserWarning)
+        return launch(fn, *args, world_size=world_size, show_ranks=[], timeout=_TIMEOUT_S)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def _check_plan(model: Any, world_size: int) -> Any:
+    """Every table sharded (none data-parallel): t_user column-wise over both ranks, the others table-wise."""
+    from torchrec.distributed.sharding_plan import column_wise, table_wise
+
+    from course_lib import training
+
+    fused = "fused"
+    per_table = {
+        "t_user": column_wise(ranks=[0, 1], compute_kernel=fused),
+        "t_item": table_wise(rank=1, compute_kernel=fused),
+        "t_category": table_wise(rank=0, compute_kernel=fused),
+        "t_terms": table_wise(rank=0, compute_kernel=fused),
+    }
+    return training.model_plan(model, per_table, world_size)
+
+
+def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, Any]:
+    """On each rank: DMP with the learner's wrapper, what it holds, a trace of one step, a few steps' losses."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import hybrid, models, trace, training
+
+    torch.manual_seed(0)
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+    instance = wrapper() if isinstance(wrapper, type) else wrapper
+    try:
+        dmp = DistributedModelParallel(
+            model, device=training.device(), plan=_check_plan(model, dist.get_world_size()),
+            sharders=training.sharders(), data_parallel_wrapper=instance,
+        )
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001  (a learner's bug: reported, not a crash)
+        return {"wrap_error": _one_line(error)}
+    state = dmp.state_dict()
+    report: dict[str, Any] = {
+        "tables": {k.rsplit(".", 2)[-2]: type(p).__name__ for k, p in dmp.named_parameters() if "embedding_bags" in k},
+        "table_state": sorted({type(v).__name__ for k, v in state.items() if "embedding_bags" in k}),
+        "dense": {k: (type(v).__name__, str(getattr(v, "placements", "")))
+                  for k, v in state.items() if "embedding_bags" not in k},
+        "ddp": any(isinstance(m, DistributedDataParallel) for m in dmp.modules()),
+    }
+    if any(t == "DTensor" for t in report["tables"].values()):
+        return report  # the optimizer would fail on duplicate keys: the structure says enough
+    try:
+        optimizer = hybrid.hybrid_optimizer(dmp)
+        batches = data.batches(train_split, _BATCH, dist.get_rank(), dist.get_world_size())
+        with trace.collectives() as log:
+            first = training.train_step(dmp, optimizer, next(batches).to(training.device()))
+        losses = [first] + training.train(dmp, optimizer, train_split, _BATCH, epochs=2, max_steps=_STEPS, desc=None)[1:]
+    except Exception as error:  # noqa: BLE001
+        report["train_error"] = _one_line(error)
+        return report
+    report["ops"] = sorted({r.op for r in log.records})
+    report["losses"] = losses
+    full = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach().clone()
+            for n, p in dmp.named_parameters() if "embedding_bags" not in n}
+    report["full_dense"] = full
+    return report
+
+
+def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) -> None:
+    """Run DMP with `wrapper` (a DataParallelWrapper subclass, or an instance) as its data_parallel_wrapper on 2
+    ranks: the tables must stay TorchRec shards, every dense parameter must be a ``Shard(0)`` DTensor, the loss
+    must fall."""
+    from course_lib.launch import LaunchError
+
+    if launch is None:
+        from course_lib import launch
+    from torchrec.distributed.model_parallel import DataParallelWrapper
+
+    if not (isinstance(wrapper, DataParallelWrapper) or (isinstance(wrapper, type) and issubclass(wrapper, DataParallelWrapper))):
+        fail(f"expected a DataParallelWrapper subclass, got {wrapper!r}",
+             "write `class ...(DataParallelWrapper):` with a `wrap(self, dmp, env, device)` method")
+    split = data.make_click_log(_CHECK_CONFIG).train
+    try:
+        reports = _launch_quietly(launch, _inspect_wrapper, wrapper, split, world_size=2)
+    except LaunchError as error:
+        raised = [f for f in error.failures if f.kind == "raised"]
+        if raised and all(f.exc_type == "NotImplementedError" for f in raised):
+            fail("the wrapper is not written yet", "replace `raise NotImplementedError()` with your code")
+        first = error.failures[0].headline() if error.failures else error.summary
+        fail(f"DMP with your wrapper failed on 2 ranks: {first}", "run it yourself in a launched function to read the traceback")
+    report = reports[0]
+    if "wrap_error" in report:
+        fail(f"DistributedModelParallel(..., data_parallel_wrapper=...) raised {report['wrap_error']}",
+             "wrap(dmp, env, device) gets the DMP; the model it shards is dmp._dmp_wrapped_module")
+    tables = report["tables"]
+    if any(t == "DTensor" for t in tables.values()):
+        fail(
+            "the embedding tables became DTensors: fully_shard reached the sharded EmbeddingBagCollection, and "
+            "FSDP took each rank's shard of a table for a whole table to cut again",
+            "call fully_shard on the dense modules only (model.dense_arch and model.over_arch of the DLRM inside "
+            "dmp._dmp_wrapped_module), never on the whole model",
+        )
+    if "ShardedTensor" not in report["table_state"]:
+        fail(f"no embedding table is a ShardedTensor in the state_dict any more ({', '.join(report['table_state'])})",
+             "leave the tables to DMP: the wrapper handles the dense part only")
+    dense = report["dense"]
+    plain = [name for name, (kind, _) in dense.items() if kind != "DTensor"]
+    if len(plain) == len(dense):
+        if report["ddp"]:
+            fail(
+                "the dense part is wrapped in DDP: every rank holds a full replica of it (plain tensors) and "
+                "all-reduces its gradients",
+                "shard it instead: from torch.distributed.fsdp import fully_shard, then fully_shard(module) for "
+                "each dense module",
+            )
+        fail(
+            "the dense parameters are plain tensors and nothing synchronises them: every rank would train its "
+            "own replica on its own data",
+            "in wrap(), call fully_shard on each dense module of dmp._dmp_wrapped_module.model "
+            "(dense_arch, over_arch)",
+        )
+    if plain:
+        shown = sorted({".".join(name.split(".")[:2]) for name in plain})
+        fail(f"{', '.join(plain)} {'is' if len(plain) == 1 else 'are'} still plain tensors",
+             f"shard every dense module, not only some: {', '.join(shown)} too")
+    wrong = sorted({placement for kind, placement in dense.values() if placement != "(Shard(dim=0),)"})
+    if wrong:
+        fail(f"dense parameters are placed {', '.join(wrong)}, expected (Shard(dim=0),)",
+             "use fully_shard over all ranks (the default mesh): each rank keeps its rows of every parameter")
+    if "train_error" in report:
+        fail(f"training the hybrid model failed: {report['train_error']}",
+             "shard in place with fully_shard; DMP calls wrap() once, before any optimizer exists")
+    losses = report["losses"]
+    head, tail = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    if not tail < head:
+        fail(f"the loss did not fall in {len(losses)} steps ({head:.3f} -> {tail:.3f})",
+             "the dense parameters must be the ones the model uses: shard the modules in place")
+    ops = report["ops"]
+    if "all_reduce" in ops:
+        fail("a training step all-reduced gradients: part of the dense model is still data-parallel (DDP)",
+             "with FSDP the dense gradients are reduce-scattered, not all-reduced")
+    if not {"all_gather", "reduce_scatter"} <= set(ops):
+        fail(f"a training step ran {', '.join(ops)}, but no all-gather and reduce-scatter",
+             "fully_shard makes FSDP all-gather the parameters before use and reduce-scatter the gradients")
+    passed(
+        f"tables stay TorchRec shards, {len(dense)} dense parameters are Shard(0) DTensors; one step ran "
+        f"{', '.join(ops)}; loss {head:.3f} -> {tail:.3f} in {len(losses)} steps"
+    )
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def dense_shapes(hidden: int = BYTES_HIDDEN) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every dense parameter of the lab's DLRM with MLPs `hidden` wide (built on meta)."""
+    from course_lib import models
+
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, hidden=hidden, device="meta")
+    return {name: tuple(p.shape) for name, p in model.named_parameters() if "embedding_bags" not in name}
+
+
+def _measure_dense(hidden: int) -> int:
+    """On each rank: the hybrid DLRM with `hidden`-wide MLPs, one Adam step, dense bytes held by this rank."""
+    import torch
+    import torch.distributed as dist
+
+    from course_lib import hybrid, models, training
+
+    torch.manual_seed(0)
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, hidden=hidden, device="meta")
+    dmp = hybrid.shard_hybrid(model)
+    optimizer = hybrid.hybrid_optimizer(dmp)
+    split = data.make_click_log(data.ClickLogConfig(num_train=2_048, num_test=1_024, seed=5)).train
+    training.train(dmp, optimizer, split, 64, max_steps=1, desc=None)
+    return hybrid.memory_by_part(dmp, optimizer)["dense"].total
+
+
+@functools.lru_cache(maxsize=None)
+def measured_dense_bytes(world_size: int, hidden: int = BYTES_HIDDEN) -> tuple[int, ...]:
+    """Bytes of dense parameters + gradients + Adam state held by each rank of the hybrid model (FSDP2, fp32)."""
+    from course_lib import launch
+
+    return tuple(_launch_quietly(launch, _measure_dense, hidden, world_size=world_size))
+
+
+def _bytes_hint(got: float, want: int, shapes: Mapping[str, tuple[int, ...]], world_size: int, rank: int) -> str:
+    import math
+
+    numel = sum(math.prod(s) for s in shapes.values())
+    if got == 16 * numel:
+        return "that is what every rank holds under DDP (a full replica); FSDP2 keeps only each rank's rows"
+    if abs(got - 16 * numel / world_size) < 1:
+        return ("an even split is not what FSDP2 does: it cuts dim 0 with torch.chunk, so a parameter whose rows do "
+                "not divide by the ranks leaves the last ranks fewer rows, and a 1-row parameter lives on rank 0 only")
+    if got * 4 == want:
+        return "count the gradient (4 bytes) and Adam's two states (8 bytes) as well as the parameter (4 bytes)"
+    ceil = sum(16 * math.ceil(s[0] / world_size) * math.prod(s[1:]) for s in shapes.values())
+    if got == ceil:
+        return ("not every rank gets ceil(rows / ranks) rows: torch.chunk gives that many to the first ranks and "
+                "what is left to the next; a rank can get none")
+    return "per parameter: the rows this rank keeps (torch.chunk(rows, ranks)) × the other dims × 16 bytes (fp32 Adam)"
+
+
+def check_dense_bytes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int], Any]) -> None:
+    """Compare `predict(shapes, world_size, rank)` with the dense bytes measured on each of 2 and 3 ranks."""
+    shapes = dense_shapes()
+    predictions: dict[int, list[float]] = {}
+    for world_size in (2, 3):  # the learner's answers first: a wrong type fails before any launch
+        predictions[world_size] = []
+        for rank in range(world_size):
+            try:
+                got = predict(dict(shapes), world_size, rank)
+            except NotImplementedError:
+                fail("fsdp_dense_bytes is not written yet", "replace `raise NotImplementedError()` with your code")
+            if not isinstance(got, (int, float)) or isinstance(got, bool):
+                fail(f"fsdp_dense_bytes returned {got!r}", "return a number of bytes")
+            predictions[world_size].append(got)
+    for world_size, per_rank in predictions.items():
+        measured = measured_dense_bytes(world_size)
+        for rank, (got, want) in enumerate(zip(per_rank, measured)):
+            if got != want:
+                fail(
+                    f"a {BYTES_HIDDEN}-wide dense tower on {world_size} ranks: you predicted {got:,.0f} bytes on rank "
+                    f"{rank}, measured {want:,}",
+                    _bytes_hint(got, want, shapes, world_size, rank),
+                )
+    shown = ", ".join(f"{n:,}" for n in measured_dense_bytes(3))
+    passed(f"your formula matches the dense bytes measured on every rank of 2 and 3 (on 3 ranks: {shown})")

@@ -1,0 +1,154 @@
+"""The 07_hybrid checks accept the solutions and reject plausible wrong answers."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from torchrec.distributed.model_parallel import DataParallelWrapper
+
+from course_lib.checks import CheckFailed, lab07
+
+# ------------------------------------------------------------------------------------------ exercise 1
+# Wrappers shipped to the ranks import what they use, so cloudpickle sends them by value.
+
+
+class ShardDenseWithFSDP(DataParallelWrapper):  # the lab's solution
+    def wrap(self, dmp, env, device):
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            fully_shard(module)
+
+
+class WrapNothing(DataParallelWrapper):
+    def wrap(self, dmp, env, device):
+        pass
+
+
+class WrapInDDP(DataParallelWrapper):  # what DMP does by default
+    def wrap(self, dmp, env, device):
+        from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+        DefaultDataParallelWrapper().wrap(dmp, env, device)
+
+
+class ShardWholeModel(DataParallelWrapper):
+    def wrap(self, dmp, env, device):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(dmp._dmp_wrapped_module)
+
+
+class ShardDenseArchOnly(DataParallelWrapper):
+    def wrap(self, dmp, env, device):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(dmp._dmp_wrapped_module.model.dense_arch)
+
+
+class ShardPerceptronsOnly(DataParallelWrapper):  # blocks without the modules around them
+    def wrap(self, dmp, env, device):
+        from torch.distributed.fsdp import fully_shard
+        from torchrec.modules.mlp import Perceptron
+
+        for module in list(dmp._dmp_wrapped_module.modules()):
+            if isinstance(module, Perceptron):
+                fully_shard(module)
+
+
+class NotWritten(DataParallelWrapper):
+    def wrap(self, dmp, env, device):
+        raise NotImplementedError()
+
+
+def test_wrapper_check_accepts_the_solution_and_the_library_wrapper(capsys):
+    from course_lib.hybrid import FullyShardDense
+
+    lab07.check_wrapper(ShardDenseWithFSDP)
+    lab07.check_wrapper(FullyShardDense())
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.startswith("✓") for line in out)
+    assert "8 dense parameters are Shard(0) DTensors" in out[0] and "reduce_scatter" in out[0]
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (WrapNothing, "plain tensors and nothing synchronises them"),
+        (WrapInDDP, "wrapped in DDP"),
+        (ShardWholeModel, "embedding tables became DTensors"),
+        (ShardDenseArchOnly, "over_arch.* still plain tensors"),
+        (ShardPerceptronsOnly, r"over_arch\.model\.1\.weight.* still plain"),
+        (NotWritten, "not written yet"),
+        (object, "expected a DataParallelWrapper"),
+    ],
+)
+def test_wrapper_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab07.check_wrapper(wrong)
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def fsdp_dense_bytes(shapes, world_size, rank):  # the lab's solution
+    total = 0
+    for shape in shapes.values():
+        rows = shape[0]
+        per_rank = math.ceil(rows / world_size)  # torch.chunk: ceil-sized chunks, the last ones shorter or none
+        mine = max(0, min(per_rank, rows - rank * per_rank))
+        total += 16 * mine * math.prod(shape[1:])  # fp32 param + grad + Adam's exp_avg and exp_avg_sq
+    return total
+
+
+def ddp_bytes(shapes, world_size, rank):
+    return 16 * sum(math.prod(s) for s in shapes.values())
+
+
+def even_split(shapes, world_size, rank):
+    return 16 * sum(math.prod(s) for s in shapes.values()) / world_size
+
+
+def ceil_rows_everywhere(shapes, world_size, rank):
+    return sum(16 * math.ceil(s[0] / world_size) * math.prod(s[1:]) for s in shapes.values())
+
+
+def params_only(shapes, world_size, rank):
+    return fsdp_dense_bytes(shapes, world_size, rank) // 4
+
+
+def not_written(shapes, world_size, rank):
+    raise NotImplementedError()
+
+
+def test_bytes_check_accepts_the_solution(capsys):
+    lab07.check_dense_bytes(fsdp_dense_bytes)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (ddp_bytes, "under DDP"),
+        (even_split, "even split"),
+        (ceil_rows_everywhere, "not every rank gets ceil"),
+        (params_only, "count the gradient"),
+        (lambda shapes, world_size, rank: "many", "return a number"),
+        (not_written, "not written yet"),
+    ],
+)
+def test_bytes_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab07.check_dense_bytes(wrong)
+
+
+def test_the_solution_formula_is_torch_chunk():
+    import torch
+
+    for rows in (1, 2, 5, 24, 26):
+        for world_size in (2, 3, 4):
+            chunks = torch.arange(rows).chunk(world_size)
+            for rank in range(world_size):
+                want = 16 * (len(chunks[rank]) if rank < len(chunks) else 0)
+                assert fsdp_dense_bytes({"p": (rows,)}, world_size, rank) == want
