@@ -1,0 +1,280 @@
+"""The 08_checkpointing checks accept the solutions and reject plausible wrong answers."""
+from __future__ import annotations
+
+import os
+import sys
+
+import cloudpickle
+import pytest
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+
+from course_lib.checks import CheckFailed, lab08
+
+# Ship this module's functions by value: otherwise each rank imports the test module (and pytest) to find them.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+class AppState(Stateful):
+    def __init__(self, model, optimizer, step=0):
+        self.model, self.optimizer, self.step = model, optimizer, step
+
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.step = state_dict["step"]
+
+
+class ModelOnly(AppState):
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.step = state_dict["step"]
+
+
+class OptimizerOnly(AppState):
+    def state_dict(self):
+        return {"optimizer": self.optimizer.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.step = state_dict["step"]
+
+
+class FusedOptimizerOnly(AppState):
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "optimizer": self.model.fused_optimizer.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.model.fused_optimizer.load_state_dict(state_dict["optimizer"])
+        self.step = state_dict["step"]
+
+
+class WithoutStep(AppState):
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+
+
+class HoldsObjects(AppState):
+    def state_dict(self):
+        return {"model": self.model, "optimizer": self.optimizer, "step": self.step}
+
+
+def test_app_state_check_accepts_the_solution(capsys):
+    lab08.check_app_state(AppState)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (ModelOnly, "neither the tables' Adagrad momentum nor Adam"),
+        (OptimizerOnly, "the model's weights were not restored"),
+        (FusedOptimizerOnly, "Adam's state for the dense part was not restored"),
+        (WithoutStep, "the step was not restored"),
+        (HoldsObjects, "raised"),
+    ],
+)
+def test_app_state_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab08.check_app_state(wrong)
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def save(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
+def save_rank_zero_with_torch_save(app, root):
+    import torch.distributed as dist
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    if dist.get_rank() == 0:
+        os.makedirs(folder, exist_ok=True)
+        torch.save(app.model.state_dict(), os.path.join(folder, "model.pt"))
+    return folder
+
+
+def save_the_model_only(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"model": app.model.state_dict()}, checkpoint_id=folder)
+    return folder
+
+
+def save_on_rank_zero_only(app, root):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    if dist.get_rank() == 0:  # as with torch.save; but dcp.save is a collective: rank 0 waits for rank 1
+        dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
+def save_into_root(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"app": app}, checkpoint_id=root)
+    return root
+
+
+def test_save_check_accepts_the_solution(capsys):
+    lab08.check_save(save)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (save_rank_zero_with_torch_save, "no DCP checkpoint under root"),
+        (save_the_model_only, "holds no optimizer state"),
+        (save_into_root, "not into a step folder"),
+    ],
+)
+def test_save_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab08.check_save(wrong)
+
+
+def test_save_check_turns_a_hang_into_a_verdict(monkeypatch):
+    monkeypatch.setattr(lab08, "_TIMEOUT", 20.0)  # the check's bound, shortened: the hang is the point here
+    with pytest.raises(CheckFailed, match="did not finish within 20 s") as failure:
+        lab08.check_save(save_on_rank_zero_only)
+    assert "collectives: call them on every rank" in failure.value.hint
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+
+def _sharded(config, per_table):
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import models, training
+
+    torch.manual_seed(0)
+    model = models.click_dlrm(config.tables(16), config.num_dense, device="meta")
+    plan = training.model_plan(model, per_table, world_size=dist.get_world_size())
+    return DistributedModelParallel(model, device=training.device(), plan=plan, sharders=training.sharders())
+
+
+def reload(path, config, per_table):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    optimizer = training.optimizer(model)
+    checkpoint.init_optimizer_state(optimizer)
+    app = checkpoint.AppState(model, optimizer)
+    dcp.load({"app": app}, checkpoint_id=path)
+    return app
+
+
+def reload_before_sharding(path, config, per_table):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import checkpoint, models, training
+
+    torch.manual_seed(0)
+    model = models.click_dlrm(config.tables(16), config.num_dense)  # on the CPU, whole, on every rank
+    state = {"app": {"model": model.state_dict()}}
+    dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["app"]["model"])
+    plan = training.model_plan(model, per_table, world_size=dist.get_world_size())
+    model = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=training.sharders())
+    optimizer = training.optimizer(model)
+    checkpoint.init_optimizer_state(optimizer)
+    app = checkpoint.AppState(model, optimizer)
+    dcp.load({"app": {"optimizer": optimizer.state_dict(), "step": 0}}, checkpoint_id=path)
+    return app
+
+
+def reload_ignoring_per_table(path, config, per_table):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torchrec.distributed.sharding_plan import table_wise
+
+    from course_lib import checkpoint, training
+
+    world_size = dist.get_world_size()  # sharded as the checkpoint was written, not as asked
+    as_saved = {t.name: table_wise(rank=i % world_size, compute_kernel="fused") for i, t in enumerate(config.tables(16))}
+    model = _sharded(config, as_saved)
+    optimizer = training.optimizer(model)
+    checkpoint.init_optimizer_state(optimizer)
+    app = checkpoint.AppState(model, optimizer)
+    dcp.load({"app": app}, checkpoint_id=path)
+    return app
+
+
+def reload_without_initialising_adam(path, config, per_table):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    app = checkpoint.AppState(model, training.optimizer(model))
+    dcp.load({"app": app}, checkpoint_id=path)
+    return app
+
+
+def reload_the_model_only(path, config, per_table):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    state = {"app": {"model": model.state_dict(), "step": 0}}
+    dcp.load(state, checkpoint_id=path)
+    app = checkpoint.AppState(model, training.optimizer(model), state["app"]["step"])
+    return app
+
+
+def test_reload_check_accepts_the_solution(capsys):
+    lab08.check_reload(reload)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (reload_before_sharding, "tables were not restored, its dense part was"),
+        (reload_ignoring_per_table, "tables are \\['table_wise'\\], the plan asks for row_wise"),
+        (reload_without_initialising_adam, "Adam's state was not restored"),
+        (reload_the_model_only, "the optimizer's state was not restored"),
+    ],
+)
+def test_reload_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab08.check_reload(wrong, world_size=2)
