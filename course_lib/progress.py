@@ -31,7 +31,13 @@ def report(step: int, total: int, desc: str = "progress", rank0_only: bool = Tru
     rank = int(os.environ.get("RANK", "0"))
     if rank0_only and rank != 0:
         return
-    record = {"step": int(step), "total": int(total), "desc": desc, "metrics": {k: float(v) for k, v in metrics.items()}}
+    record = {
+        "step": int(step),
+        "total": int(total),
+        "desc": desc,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "time": time.time(),  # when the rank reported: the kernel reads reports in batches, later
+    }
     path = os.environ.get(ENV_FILE)
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -53,7 +59,7 @@ class _TextView:
     """A few plain lines: the first report, each quarter crossed, and the end."""
 
     def __init__(self) -> None:
-        self.start = time.monotonic()
+        self.first: tuple[int, float] | None = None  # step and time of the first report: the rate counts from it
         self.printed: set[float] = set()
         self.started = False
         self.last: tuple[str, int, int] | None = None  # desc, total, step of the last report
@@ -72,10 +78,16 @@ class _TextView:
         if not self.started or marks:
             self.started = True
             self.printed.update(marks)
-            rate = step / max(1e-9, time.monotonic() - self.start)
+            now = float(record.get("time", time.time()))
+            if self.first is None:
+                # The first report comes when the first step has ended, and the view cannot know when that
+                # step began: a rate counted from here would be a step over no time. Rates start after it.
+                self.first = (step, now)
+            first_step, first_time = self.first
+            rate = f" {(step - first_step) / (now - first_time):.1f} it/s" if step > first_step and now > first_time else ""
             print(
                 f"{record['desc']}: step {step}/{record['total']} ({100 * step // total}%) "
-                f"{_metrics_text(record['metrics'])} {rate:.1f} it/s".replace("  ", " "),
+                f"{_metrics_text(record['metrics'])}{rate}".replace("  ", " "),
                 flush=True,
             )
 

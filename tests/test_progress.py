@@ -21,13 +21,17 @@ def test_plain_lines_without_a_notebook(capsys, monkeypatch):
     monkeypatch.setenv("COURSE_PROGRESS", "text")
     assert launch(train, 8) == ["done", "done"]
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("train:")]
-    assert [l.split(" it/s")[0].rsplit(" ", 1)[0] for l in lines] == [
+    assert [l.split(" it/s")[0].rsplit(" ", 1)[0] if "it/s" in l else l for l in lines] == [
         "train: step 1/8 (12%) loss=1.0000",
         "train: step 2/8 (25%) loss=0.5000",
         "train: step 4/8 (50%) loss=0.2500",
         "train: step 6/8 (75%) loss=0.1667",
         "train: step 8/8 (100%) loss=0.1250",
     ]  # rank 0 only (rank 1's loss would be 1 higher), every quarter, none lost however fast the steps
+    # A rate needs a step that began after the first report: none on the first line, then at most 1 / 0.01 s.
+    assert "it/s" not in lines[0]
+    rates = [float(l.split(" it/s")[0].rsplit(" ", 1)[1]) for l in lines[1:]]
+    assert all(0 < rate <= 110 for rate in rates), rates
 
 
 def test_a_widget_bar_in_a_notebook_kernel(kernel):
