@@ -5,7 +5,8 @@ two short lines (what is wrong, and a hint at why) instead of a traceback.
 """
 from __future__ import annotations
 
-from typing import NoReturn
+import warnings
+from typing import Any, Callable, NoReturn
 
 
 class CheckFailed(AssertionError):
@@ -29,3 +30,20 @@ def fail(problem: str, hint: str = "") -> NoReturn:
 
 def passed(message: str) -> None:
     print(f"✓ {message}")
+
+
+def launch_quietly(
+    launch: Callable[..., list[Any]], fn: Callable[..., Any], *args: Any, world_size: int, timeout: float
+) -> list[Any]:
+    """`launch(fn, *args)` on `world_size` ranks for a check: no rank output in the cell, no warning that more
+    ranks than cores share the machine (fine for a check), and `timeout` seconds at most (a wrong answer that
+    hangs a collective ends in a ``LaunchError`` instead of a frozen cell)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return launch(fn, *args, world_size=world_size, show_ranks=[], timeout=timeout)
+
+
+def one_line(error: BaseException) -> str:
+    """``"TypeName: first line of the message"``: how a check reports an exception the learner's code raised."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

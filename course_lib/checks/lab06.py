@@ -8,10 +8,9 @@ ranks for a model whose size the learner has not seen.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import fail, passed
+from course_lib.checks import fail, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 60.0
 # The model the shard exercise hands to `shard`: 3 blocks, so "one group per block plus the root" is 4.
@@ -21,18 +20,7 @@ BYTES_MODEL = {"vocab_size": 128, "d_model": 48, "n_heads": 4, "n_layers": 2, "m
 _KEYS = ("params", "grads", "optimizer")
 
 
-def _launch_quietly(launch: Callable[..., list[Any]], fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
-    with warnings.catch_warnings():  # 4 ranks on a 2-core laptop is fine for a check
-        warnings.simplefilter("ignore", UserWarning)
-        return launch(fn, *args, world_size=world_size, show_ranks=[], timeout=_TIMEOUT_S)
-
-
 # ------------------------------------------------------------------------------------------ shard
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
@@ -50,7 +38,7 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
     except NotImplementedError:
         raise
     except Exception as error:  # noqa: BLE001  (what it had done by then tells why)
-        return {"groups": fsdp_groups(model), "plain": [], "shard_error": _one_line(error)}
+        return {"groups": fsdp_groups(model), "plain": [], "shard_error": one_line(error)}
     if isinstance(returned, torch.nn.Module):
         model = returned
     report: dict[str, Any] = {
@@ -68,7 +56,7 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         before = [p.detach().clone() for p in model.parameters()]
         optimizer.step()
     except Exception as error:  # noqa: BLE001  (reported after the structural checks)
-        report["train_error"] = _one_line(error)
+        report["train_error"] = one_line(error)
         return report
     report["forward_all_gathers"] = sum(1 for r in log.records if r.phase == "forward" and r.op == "all_gather")
     report["backward_reduce_scatters"] = sum(
@@ -85,7 +73,7 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
     if launch is None:
         from course_lib import launch
     try:
-        report = _launch_quietly(launch, _inspect_sharding, shard, world_size=2)[0]
+        report = launch_quietly(launch, _inspect_sharding, shard, world_size=2, timeout=_TIMEOUT_S)[0]
     except LaunchError as error:
         raised = [f for f in error.failures if f.kind == "raised"]
         if raised and all(f.exc_type == "NotImplementedError" for f in raised):
@@ -189,7 +177,7 @@ def measured_bytes(world_size: int) -> tuple[int, dict[str, int]]:
     from course_lib.models import TinyTransformer
 
     num_params = memory.count_params(TinyTransformer(**BYTES_MODEL, device="meta"))
-    per_rank = _launch_quietly(launch, _measure_fsdp_adam, world_size=world_size)
+    per_rank = launch_quietly(launch, _measure_fsdp_adam, world_size=world_size, timeout=_TIMEOUT_S)
     return num_params, per_rank[0]
 
 

@@ -10,11 +10,10 @@ whose sizes the lab did not use.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable, Mapping
 
 from course_lib import data
-from course_lib.checks import fail, passed
+from course_lib.checks import fail, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 90.0
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
@@ -24,17 +23,6 @@ _STEPS = 12
 # The dense tower of the bytes exercise: another hidden width than the lab's (24 rows do not split evenly
 # over 3 ranks in every layer, and the head's one row never does).
 BYTES_HIDDEN = 24
-
-
-def _launch_quietly(launch: Callable[..., list[Any]], fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
-    with warnings.catch_warnings():  # 3 ranks on a 2-core laptop is fine for a check
-        warnings.simplefilter("ignore", UserWarning)
-        return launch(fn, *args, world_size=world_size, show_ranks=[], timeout=_TIMEOUT_S)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 # ------------------------------------------------------------------------------------------ exercise 1
@@ -77,7 +65,7 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
     except NotImplementedError:
         raise
     except Exception as error:  # noqa: BLE001  (a learner's bug: reported, not a crash)
-        return {"wrap_error": _one_line(error)}
+        return {"wrap_error": one_line(error)}
     state = dmp.state_dict()
     report: dict[str, Any] = {
         "tables": {k.rsplit(".", 2)[-2]: type(p).__name__ for k, p in dmp.named_parameters() if "embedding_bags" in k},
@@ -95,7 +83,7 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
             first = training.train_step(dmp, optimizer, next(batches).to(training.device()))
         losses = [first] + training.train(dmp, optimizer, train_split, _BATCH, epochs=2, max_steps=_STEPS, desc=None)[1:]
     except Exception as error:  # noqa: BLE001
-        report["train_error"] = _one_line(error)
+        report["train_error"] = one_line(error)
         return report
     report["ops"] = sorted({r.op for r in log.records})
     report["losses"] = losses
@@ -120,7 +108,7 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
              "write `class ...(DataParallelWrapper):` with a `wrap(self, dmp, env, device)` method")
     split = data.make_click_log(_CHECK_CONFIG).train
     try:
-        reports = _launch_quietly(launch, _inspect_wrapper, wrapper, split, world_size=2)
+        reports = launch_quietly(launch, _inspect_wrapper, wrapper, split, world_size=2, timeout=_TIMEOUT_S)
     except LaunchError as error:
         raised = [f for f in error.failures if f.kind == "raised"]
         if raised and all(f.exc_type == "NotImplementedError" for f in raised):
@@ -219,7 +207,7 @@ def measured_dense_bytes(world_size: int, hidden: int = BYTES_HIDDEN) -> tuple[i
     """Bytes of dense parameters + gradients + Adam state held by each rank of the hybrid model (FSDP2, fp32)."""
     from course_lib import launch
 
-    return tuple(_launch_quietly(launch, _measure_dense, hidden, world_size=world_size))
+    return tuple(launch_quietly(launch, _measure_dense, hidden, world_size=world_size, timeout=_TIMEOUT_S))
 
 
 def _bytes_hint(got: float, want: int, shapes: Mapping[str, tuple[int, ...]], world_size: int, rank: int) -> str:
