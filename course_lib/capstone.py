@@ -38,8 +38,9 @@ def train(steps: int = 120, batch_size: int = 512, num_train: int = 100_000, see
     The click log (``data.make_click_log``, `num_train` training rows, seeded) is made on every rank; the
     planner plans the tables for this job's topology (world size, ranks per node, CPU or CUDA) on rank 0
     and broadcasts the plan; training is ``course_lib.training``'s loop (fused Adagrad tables, Adam for
-    the dense part). Returns plain data, the same on every rank except `rank`, `node` and `local_rank`:
-    the mean loss of the first and the last 10 steps, the test AUC of all ranks' scores, and the test
+    the dense part). Returns plain data: where the rank runs (`rank`, `node`, `local_rank`), the mean loss
+    of its first and its last 10 steps (its own batches: they differ from rank to rank, though two ranks'
+    means may round alike), and, the same on every rank, the test AUC of all ranks' scores and the test
     split's Bayes-optimal AUC.
     """
     from torchrec.distributed import DistributedModelParallel
