@@ -5,8 +5,11 @@ two short lines (what is wrong, and a hint at why) instead of a traceback.
 """
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, TypeVar
+
+Check = TypeVar("Check", bound=Callable[..., None])
 
 
 class CheckFailed(AssertionError):
@@ -47,3 +50,45 @@ def one_line(error: BaseException) -> str:
     """``"TypeName: first line of the message"``: how a check reports an exception the learner's code raised."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _unwritten(error: BaseException | None) -> bool:
+    """Whether `error` is the ``raise NotImplementedError()`` a lab leaves in an exercise (no message: a
+    NotImplementedError with one, such as torch's "Could not run 'aten::...'", is a real answer's error)."""
+    from course_lib.launch import LaunchError
+
+    if isinstance(error, NotImplementedError):
+        return not str(error).strip()
+    if isinstance(error, LaunchError):  # the rank that failed first; the others failed because it did
+        first = error.failures[0] if error.failures else None
+        return first is not None and first.kind == "raised" and first.exc_type == "NotImplementedError" and not first.message.strip()
+    return False
+
+
+def raise_if_unwritten(error: BaseException) -> None:
+    """Re-raise `error` if it is an unwritten exercise's stub: for a check that reports its answer's errors as
+    text, so that ``@exercise`` can say "not written yet" rather than "raised NotImplementedError: "."""
+    if _unwritten(error):
+        raise error
+
+
+def exercise(check: Check) -> Check:
+    """Decorate a check whose first argument is the learner's answer (a function, a class or a value): run
+    before the exercise is written (its ``raise NotImplementedError()`` still in place), the check fails
+    with one line that says so, whether the stub raised in the check's own process, on a launched rank, or
+    inside the check's own ``except`` (a ``CheckFailed`` caused by it), instead of a traceback."""
+
+    @functools.wraps(check)
+    def checked(answer: Any, *args: Any, **kwargs: Any) -> None:
+        name = getattr(answer, "__name__", "your answer")
+        try:
+            return check(answer, *args, **kwargs)
+        except CheckFailed as failure:
+            if not _unwritten(failure.__cause__ or failure.__context__):
+                raise
+        except Exception as error:  # noqa: BLE001  (re-raised unless it is the stub's)
+            if not _unwritten(error):
+                raise
+        fail(f"{name} is not written yet", "replace `raise NotImplementedError()` with your code, then run this cell again")
+
+    return checked  # type: ignore[return-value]

@@ -5,7 +5,7 @@ import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed
 from course_lib.env import EnvFacts, Report, doctor
 
 # A healthy CPU laptop with the course's pins, from which the broken states below are derived.
@@ -63,6 +63,7 @@ def broken_reports() -> dict[str, Report]:
     }
 
 
+@exercise
 def check_fixes(answers: Mapping[str, int]) -> None:
     """`answers` maps each report ("A", "B", "C") to the number of the fix in FIXES."""
     reports = broken_reports()
@@ -81,6 +82,7 @@ def check_fixes(answers: Mapping[str, int]) -> None:
     passed("all three diagnoses matched to their fixes")
 
 
+@exercise
 def check_first_group(first_group: Callable[[], Any], launch: Callable[..., list[Any]] | None = None) -> None:
     """Run `first_group` on 2 and 3 ranks and check what each rank returned."""
     if launch is None:

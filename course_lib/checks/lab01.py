@@ -11,7 +11,7 @@ import math
 import warnings
 from typing import Any, Callable
 
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed
 
 # torch.distributed functions that communicate; the checks count the learner's calls to them.
 COLLECTIVES = (
@@ -192,6 +192,7 @@ def _describe_calls(calls: list[str]) -> str:
 # ----------------------------------------------------------------------------------- route_ids
 
 
+@exercise
 def check_route_ids(
     route_ids: Callable[..., Any],
     launch: Callable[..., list[Any]] | None = None,
@@ -264,6 +265,7 @@ def _same_multiset(a: Any, b: Any) -> bool:
 # ---------------------------------------------------------------------------------- global_mean
 
 
+@exercise
 def check_global_mean(
     global_mean: Callable[..., Any],
     launch: Callable[..., list[Any]] | None = None,

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed
 
 # ------------------------------------------------------------------------------------------ exercise 1
 
@@ -27,6 +27,7 @@ def _per_sample(kjt: KeyedJaggedTensor) -> dict[str, list[list[int]]]:
     return {key: [ids.tolist() for ids in jt.to_dense()] for key, jt in kjt.to_dict().items()}
 
 
+@exercise
 def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]], list[str]], Any]) -> None:
     """`kjt_from_samples(samples, keys)` must return a KJT whose bag for (key, sample b) is samples[b][key]."""
     for samples, keys in _batches():
@@ -102,6 +103,7 @@ def _measured_width(tables: list[EmbeddingBagConfig]) -> int:
         return ebc(kjt).values().shape[1]
 
 
+@exercise
 def check_pooled_width(pooled_width: Callable[[list[EmbeddingBagConfig]], Any]) -> None:
     """`pooled_width(tables)` must equal the width of `EmbeddingBagCollection(tables)(kjt).values()`."""
     for tables in _width_cases():
@@ -146,6 +148,7 @@ def rec_batch(batch_size: int, seed: int = 0, num_embeddings: int = 10_000) -> K
     )
 
 
+@exercise
 def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
     """`model_class()` must map batches of 2 and 3 to [B, 1], and its loss must reach both tables."""
     torch.manual_seed(0)

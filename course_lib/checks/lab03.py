@@ -7,7 +7,7 @@ from torchrec import EmbeddingBagConfig
 from torchrec.distributed.types import ShardingPlan
 
 from course_lib import planning
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed
 
 
 def _tables(spec: Sequence[tuple[str, int]], dim: int = 16) -> list[EmbeddingBagConfig]:
@@ -29,6 +29,7 @@ def _kib(n: float) -> str:
     return f"{n / 1024:,.0f} KiB"
 
 
+@exercise
 def check_row_wise(
     plan: Any,
     shard_rows: Any,
@@ -101,6 +102,7 @@ def check_row_wise(
     )
 
 
+@exercise
 def check_balanced(
     assignment: Any,
     *,

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from course_lib import data
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed, raise_if_unwritten
 
 # A small world for the checks: the same tables as the lab's log, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=2_000, seed=3)
@@ -35,6 +35,7 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
     try:
         wrapped = wrap(model, plan)
     except Exception as error:  # a learner's bug: report it, do not crash the check
+        raise_if_unwritten(error)
         report["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         return report
     report["type"] = type(wrapped).__name__
@@ -52,6 +53,7 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
     return report
 
 
+@exercise
 def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], launch: Callable[..., list[Any]] | None = None) -> None:
     """`wrap(model, plan)` must return a DistributedModelParallel of the whole model that applies `plan`.
 
@@ -108,6 +110,7 @@ def _max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max((pa.detach() - pb.detach()).abs().max().item() for pa, pb in zip(a.parameters(), b.parameters()))
 
 
+@exercise
 def check_train_step(train_step: Callable[[Any, Any, Any], Any]) -> None:
     """`train_step(model, optimizer, batch)` must take one gradient step on the batch's loss and return it.
 
@@ -175,6 +178,7 @@ def _gap_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, d
     return noisy[order], log.test.labels[order], log.test, log
 
 
+@exercise
 def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit], Any]) -> None:
     """`auc_gap(logits, labels, split)`: Bayes-optimal AUC of `split` minus the AUC of `logits` on `labels`."""
     from torchmetrics.classification import BinaryAUROC

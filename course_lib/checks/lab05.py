@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from course_lib import data
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed, raise_if_unwritten
 
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=200, seed=3)
@@ -34,6 +34,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
     try:
         sharder = make_sharder(_LEARNING_RATE)
     except Exception as error:
+        raise_if_unwritten(error)
         return {"error": f"rowwise_adagrad_sharder raised {_first_line(error)}"}
     if not isinstance(sharder, EmbeddingBagCollectionSharder):
         return {"type": type(sharder).__name__}
@@ -50,6 +51,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
     }
 
 
+@exercise
 def check_rowwise_sharder(
     rowwise_adagrad_sharder: Callable[[float], Any], launch: Callable[..., list[Any]] | None = None
 ) -> None:
@@ -126,6 +128,7 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str
     try:
         optimizer = combined_optimizer(dmp, lambda params: torch.optim.Adam(params, lr=0.01))
     except Exception as error:
+        raise_if_unwritten(error)
         return {"error": f"combined_optimizer raised {_first_line(error)}"}
     others = {name: p.detach().clone() for name, p in dmp.named_parameters() if name not in fused_names and p.numel()}
     batch = next(data.batches(data.make_click_log(_CHECK_CONFIG).train, 64, dist.get_rank(), dist.get_world_size()))
@@ -154,6 +157,7 @@ def _fused_parameters(model: Any) -> list[tuple[str, Any]]:
     return list(in_backward_optimizer_filter(model.named_parameters(), include=True))
 
 
+@exercise
 def check_combined_optimizer(
     combined_optimizer: Callable[[Any, Any], Any], launch: Callable[..., list[Any]] | None = None
 ) -> None:
@@ -236,6 +240,7 @@ def _diagnose(state_bytes_per_rank: Callable[[int, int, int, Any], Any], optimiz
     return "bytes = (rows on this rank) x (state values per row) x 4"
 
 
+@exercise
 def check_state_bytes(
     state_bytes_per_rank: Callable[[int, int, int, Any], Any],
     measured: Mapping[Any, int],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import fail, launch_quietly, one_line, passed
+from course_lib.checks import exercise, fail, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 60.0
 # The model the shard exercise hands to `shard`: 3 blocks, so "one group per block plus the root" is 4.
@@ -66,6 +66,7 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
     return report
 
 
+@exercise
 def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None) -> None:
     """Run `shard(model)` on 2 ranks with a 3-block TinyTransformer and check it is sharded FSDP2-style."""
     from course_lib.launch import LaunchError
@@ -199,6 +200,7 @@ def _bytes_hint(key: str, got: float, num_params: int, world_size: int) -> str:
     return f"{key}: bytes per value × values per parameter × parameters ÷ ranks"
 
 
+@exercise
 def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -> None:
     """Compare `predict(num_params, world_size)` with bytes measured under FSDP2 + Adam on 2 and 4 ranks."""
     from course_lib import memory

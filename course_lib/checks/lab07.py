@@ -13,7 +13,7 @@ import functools
 from typing import Any, Callable, Mapping
 
 from course_lib import data
-from course_lib.checks import fail, launch_quietly, one_line, passed
+from course_lib.checks import exercise, fail, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 90.0
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
@@ -93,6 +93,7 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
     return report
 
 
+@exercise
 def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) -> None:
     """Run DMP with `wrapper` (a DataParallelWrapper subclass, or an instance) as its data_parallel_wrapper on 2
     ranks: the tables must stay TorchRec shards, every dense parameter must be a ``Shard(0)`` DTensor, the loss
@@ -228,6 +229,7 @@ def _bytes_hint(got: float, want: int, shapes: Mapping[str, tuple[int, ...]], wo
     return "per parameter: the rows this rank keeps (torch.chunk(rows, ranks)) × the other dims × 16 bytes (fp32 Adam)"
 
 
+@exercise
 def check_dense_bytes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int], Any]) -> None:
     """Compare `predict(shapes, world_size, rank)` with the dense bytes measured on each of 2 and 3 ranks."""
     shapes = dense_shapes()

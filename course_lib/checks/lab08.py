@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from course_lib import data
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed, raise_if_unwritten
 
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=4_000, num_test=500, seed=3)
@@ -148,6 +148,7 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
         app = app_state_class(model, optimizer, _SAVED_AT)
         dcp.save({"app": app}, checkpoint_id=folder)
     except _ERRORS as error:
+        raise_if_unwritten(error)
         report["error"] = f"saving {{'app': AppState(model, optimizer, {_SAVED_AT})}} raised {_first_line(error)}"
         return report
     _train(model, optimizer, range(_SAVED_AT, 2 * _SAVED_AT))  # move on, then go back to the checkpoint
@@ -162,6 +163,7 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
     return report
 
 
+@exercise
 def check_app_state(app_state_class: type, launch: Launch | None = None) -> None:
     """`AppState(model, optimizer, step)` must save and restore the model, its whole optimizer, and the step.
 
@@ -222,6 +224,7 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
     try:
         returned = save(checkpoint.AppState(model, optimizer, _SAVED_AT), root)
     except _ERRORS as error:
+        raise_if_unwritten(error)
         report["error"] = f"save(app, root) raised {_first_line(error)}"
         return report
     import torch.distributed as dist
@@ -248,6 +251,7 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
     return report
 
 
+@exercise
 def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) -> None:
     """`save(app, root)` must write a DCP checkpoint of `app` (every rank its shards) into
     ``root / checkpoint.step_folder(app.step)`` and return that folder.
@@ -319,6 +323,7 @@ def _reload_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: s
         app = reload(folder, _CHECK_CONFIG, _row_wise())
         model, optimizer, step = app.model, app.optimizer, app.step
     except _ERRORS as error:
+        raise_if_unwritten(error)
         return {"error": _first_line(error)}
     return {
         "sharding": training.sharding_types(model),
@@ -328,6 +333,7 @@ def _reload_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: s
     }
 
 
+@exercise
 def check_reload(reload: Callable[[str, Any, dict[str, Any]], Any], world_size: int = 4, launch: Launch | None = None) -> None:
     """`reload(path, config, per_table)`, run on every rank, must return an AppState whose model is sharded by
     `per_table` on this world size and holds the checkpoint's weights, optimizer state and step.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from course_lib.checks import fail, passed
+from course_lib.checks import exercise, fail, passed
 
 LOAD_FACTORS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 HBM_GIB = 16
@@ -57,6 +57,7 @@ def plan_fits(load_factor: float, hbm_gib: float = HBM_GIB) -> bool:
     return True
 
 
+@exercise
 def check_load_factor(load_factor: float) -> None:
     """`load_factor` must be the largest of LOAD_FACTORS for which the cached plan fits 64 GPUs of 16 GiB."""
     if load_factor not in LOAD_FACTORS:
@@ -83,6 +84,7 @@ _LOOKUP_CASES = (
 )
 
 
+@exercise
 def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     """`lookup_gb_per_s(num_ids, embedding_dim, seconds, bytes_per_element)`: GB/s of embedding rows read."""
     for num_ids, dim, seconds, element in _LOOKUP_CASES:
@@ -107,6 +109,7 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     passed("lookup bandwidth = ids x dim x bytes per element / seconds, in GB/s")
 
 
+@exercise
 def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> None:
     """`torchrun_command(nnodes, nproc_per_node, node_rank, head, port)`: the argv that starts the capstone on one node."""
     from torch.distributed.run import get_args_parser
