@@ -42,6 +42,7 @@ __all__ = [
     "hand_plan",
     "memory_spread",
     "meta_ebc",
+    "module_plan",
     "one_type_plan",
     "plan_table",
     "plot_memory",
@@ -108,6 +109,37 @@ def _install_notice_filter() -> None:
 _install_notice_filter()
 
 
+def module_plan(
+    ebc: EmbeddingBagCollection,
+    per_table: Mapping[str, Any],
+    *,
+    world_size: int,
+    local_world_size: int | None = None,
+    device_type: str = "cpu",
+    sharder: EmbeddingBagCollectionSharder | None = None,
+) -> Any:
+    """The plan of one EBC written by hand: ``construct_module_sharding_plan`` after checking that
+    `per_table` names every table of `ebc` exactly once (torchrec would skip a table that it does not name).
+
+    `per_table` maps every table name to a generator from ``torchrec.distributed.sharding_plan``
+    (``table_wise(rank=1)``, ``row_wise()``, ``column_wise(ranks=[0, 1])``, ``data_parallel()``, ...).
+    """
+    names = [config.name for config in ebc.embedding_bag_configs()]
+    if sorted(per_table) != sorted(names):
+        missing, extra = sorted(set(names) - set(per_table)), sorted(set(per_table) - set(names))
+        raise ValueError(
+            f"per_table must name every table exactly once: tables are {names}; missing {missing}, unknown {extra}"
+        )
+    return construct_module_sharding_plan(
+        ebc,
+        dict(per_table),
+        sharder=sharder or EmbeddingBagCollectionSharder(),
+        local_size=local_world_size or world_size,
+        world_size=world_size,
+        device_type=device_type,
+    )
+
+
 def hand_plan(
     tables: Sequence[EmbeddingBagConfig],
     per_table: Mapping[str, Any],
@@ -119,24 +151,20 @@ def hand_plan(
 ) -> ShardingPlan:
     """A plan written by hand, for a DistributedModelParallel that wraps an EBC of `tables` directly.
 
-    `per_table` maps every table name to a generator from ``torchrec.distributed.sharding_plan``
-    (``table_wise(rank=1)``, ``row_wise()``, ``column_wise(ranks=[0, 1])``, ``data_parallel()``, ...).
-    This is ``construct_module_sharding_plan`` on a meta EBC, wrapped in a ``ShardingPlan`` under the
-    module path "" (the EBC is the wrapped module itself).
+    `module_plan` on a meta EBC of `tables`, wrapped in a ``ShardingPlan`` under the module path ""
+    (the EBC is the wrapped module itself). For an EBC inside a model, ``training.model_plan``.
     """
     names = [t.name for t in tables]
-    if sorted(per_table) != sorted(names):
-        missing, extra = sorted(set(names) - set(per_table)), sorted(set(per_table) - set(names))
-        raise ValueError(f"per_table must name every table exactly once: missing {missing}, unknown {extra}")
-    module_plan = construct_module_sharding_plan(
+    ordered = {name: per_table[name] for name in names if name in per_table} | dict(per_table)
+    plan = module_plan(
         meta_ebc(tables),
-        {name: per_table[name] for name in names},
-        sharder=sharder or EmbeddingBagCollectionSharder(),
-        local_size=local_world_size or world_size,
+        ordered,
         world_size=world_size,
+        local_world_size=local_world_size,
         device_type=device_type,
+        sharder=sharder,
     )
-    return ShardingPlan({"": module_plan})
+    return ShardingPlan({"": plan})
 
 
 def table_plan(

@@ -185,23 +185,19 @@ def model_plan(model: nn.Module, per_table: Mapping[str, Any], world_size: int, 
     """A hand-written ShardingPlan for the EmbeddingBagCollection inside `model` (found wherever it sits).
 
     `per_table` maps every table name to a generator from ``torchrec.distributed.sharding_plan``
-    (``table_wise(rank=1)``, ``column_wise(ranks=[0, 1])``, ``row_wise()``, ``data_parallel()``).
+    (``table_wise(rank=1)``, ``column_wise(ranks=[0, 1])``, ``row_wise()``, ``data_parallel()``); the
+    plan is ``planning.module_plan`` with the course's sharder, under the EBC's path in `model`.
     """
     from torchrec import EmbeddingBagCollection
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
 
     paths = [name for name, module in model.named_modules() if isinstance(module, EmbeddingBagCollection)]
     if len(paths) != 1:
         raise ValueError(f"model_plan expects one EmbeddingBagCollection in the model, found {paths}")
-    ebc = model.get_submodule(paths[0])
-    names = [config.name for config in ebc.embedding_bag_configs()]
-    if sorted(per_table) != sorted(names):
-        raise ValueError(f"per_table must name every table once: tables are {names}, got {sorted(per_table)}")
-    module_plan = construct_module_sharding_plan(
-        ebc, per_table, sharder=sharders()[0], local_size=world_size, world_size=world_size, device_type=device_type
+    plan = planning.module_plan(
+        model.get_submodule(paths[0]), per_table, world_size=world_size, device_type=device_type, sharder=sharders()[0]
     )
-    return ShardingPlan({paths[0]: module_plan})
+    return ShardingPlan({paths[0]: plan})
 
 
 def sharding_types(model: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:

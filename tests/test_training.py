@@ -146,3 +146,19 @@ def test_model_plan_names_every_table(log):
     model = models.click_dlrm(log.tables(16), log.config.num_dense, device="meta")
     with pytest.raises(ValueError, match="every table"):
         training.model_plan(model, {"t_user": table_wise(rank=0)}, world_size=2)
+
+
+def test_model_plan_is_the_hand_plan_of_the_models_tables_at_the_ebcs_path(log):
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
+
+    from course_lib import planning
+
+    per_table = {"t_user": row_wise(compute_kernel="fused"), "t_item": column_wise(ranks=[0, 1], compute_kernel="fused"),
+                 "t_category": data_parallel(), "t_terms": table_wise(rank=1, compute_kernel="fused")}
+    model = models.click_dlrm(log.tables(16), log.config.num_dense, device="meta")
+    plan = training.model_plan(model, per_table, world_size=2)
+    assert list(plan.plan) == ["model.sparse_arch.embedding_bag_collection"]
+    by_hand = planning.hand_plan(log.tables(16), per_table, world_size=2, sharder=training.sharders()[0])
+    assert dict(plan.plan["model.sparse_arch.embedding_bag_collection"]) == dict(by_hand.plan[""])
+    with pytest.raises(ValueError, match=r"missing \['t_item', 't_terms'\], unknown \['t_other'\]"):
+        training.model_plan(model, {"t_user": row_wise(), "t_category": data_parallel(), "t_other": row_wise()}, world_size=2)
