@@ -489,13 +489,21 @@ def plot_memory(
     colours = {name: _TABLE_COLOURS[i % len(_TABLE_COLOURS)] for i, name in enumerate(names)}
     frames = {label: bytes_per_rank(plan, tables, world_size).drop(index="total") / scale for label, plan in plans.items()}
     top = max(float(f.sum(axis=0).max()) for f in frames.values()) * 1.12
-    fig, axes = plt.subplots(1, len(frames), figsize=(2.4 * len(frames) + 0.8, 3.1), squeeze=False, sharey=True)
+    # A panel widens with the ranks (64 bars need room); the legend takes as many rows as its tables need.
+    panel_width = max(2.4, 0.085 * world_size)
+    width = panel_width * len(frames) + 0.8
+    columns = max(1, min(len(names), int(width / 0.8)))
+    legend_rows = -(-len(names) // columns)
+    legend_height = 0.18 * legend_rows + 0.1
+    height = 2.8 + legend_height
+    fig, axes = plt.subplots(1, len(frames), figsize=(width, height), squeeze=False, sharey=True)
     for ax, (label, frame) in zip(axes[0], frames.items()):
         bottom = [0.0] * frame.shape[1]
         for name in frame.index:
             heights = frame.loc[name].tolist()
             ax.bar(range(frame.shape[1]), heights, bottom=bottom, color=colours.get(name, "#999999"), label=name,
-                   edgecolor="white", gid="segment")
+                   edgecolor="white", linewidth=0.8 if frame.shape[1] <= 16 else 0.3,  # a line between stacked tables
+                   width=0.8 if frame.shape[1] <= 16 else 0.9, gid="segment")
             bottom = [b + h for b, h in zip(bottom, heights)]
         mean = sum(bottom) / len(bottom)
         spread = 0.0 if mean == 0 else (max(bottom) - min(bottom)) / mean
@@ -510,7 +518,7 @@ def plot_memory(
         ax.grid(axis="x", visible=False)
     axes[0][0].set_ylabel(f"parameters ({unit})", fontsize=8)
     handles, labels = axes[0][-1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, legend_height / height, 1, 1))
     plt.close(fig)
     return fig
