@@ -17,8 +17,12 @@ SAMPLES = {
         "cannot import name 'x' (SITE-PACKAGES/torch/distributed/fsdp/wrap.py)",
     ),
     "course-lib-paths": (
-        'File "/work/main/course_lib/optimizers.py", line 12, in f',
-        'File "COURSE_LIB/optimizers.py", line 12, in f',
+        "cannot import name 'x' (/work/main/course_lib/optimizers.py)",
+        "cannot import name 'x' (COURSE_LIB/optimizers.py)",
+    ),
+    "course-lib-lines": (  # an edit above a function must not change a stored traceback
+        'File "/work/main/course_lib/optimizers.py", line 190, in row_wise_ebc; /repo/course_lib/training.py:301',
+        'File "COURSE_LIB/optimizers.py", line N, in row_wise_ebc; COURSE_LIB/training.py:N',
     ),
     "temp-paths": ("FileStore('/tmp/course-launch-k3j2/store') ready", "FileStore('/tmp/TMPPATH') ready"),
     "memory-addresses": ("<function f at 0x7f3a2c1b9e40>", "<function f at 0xADDRESS>"),
