@@ -73,15 +73,17 @@ class AppState(Stateful):
 
 def _torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The plain torch optimizers inside `optimizer` (a torch optimizer, or torchrec Keyed/Combined ones)."""
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
+    from torchrec.optim.keyed import KeyedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
 
-    if isinstance(optimizer, CombinedOptimizer):
-        return [o for _, inner in optimizer.optimizers for o in _torch_optimizers(inner)]
-    if isinstance(optimizer, (KeyedOptimizerWrapper, OptimizerWrapper)):
-        return _torch_optimizers(optimizer._optimizer)
-    if isinstance(optimizer, KeyedOptimizer):  # e.g. the fused optimizer: its state exists from the start
-        return []
-    return [optimizer]
+    from course_lib.optimizers import leaf_optimizers
+
+    found = []
+    for leaf in leaf_optimizers(optimizer):
+        if isinstance(leaf, (KeyedOptimizerWrapper, OptimizerWrapper)):
+            found += _torch_optimizers(leaf._optimizer)
+        elif not isinstance(leaf, KeyedOptimizer):  # e.g. the fused optimizer: its state exists from the start
+            found.append(leaf)
+    return found
 
 
 @torch.no_grad()

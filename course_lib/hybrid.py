@@ -203,13 +203,6 @@ def hybrid_optimizer(model: nn.Module, dense_learning_rate: float = training.DEF
     return CombinedOptimizer([fused, dense]) if fused is not None else dense
 
 
-def _local_bytes(t: Any) -> int:
-    """Bytes this rank holds for `t`: a ShardedTensor's local shards, a DTensor's local shard, else all of it."""
-    if hasattr(t, "local_shards") and hasattr(t, "metadata"):  # ShardedTensor (a sharded table, its state)
-        return sum(shard.tensor.numel() * shard.tensor.element_size() for shard in t.local_shards())
-    return memory.tensor_bytes(t)
-
-
 def memory_by_part(model: nn.Module, optimizer: Any = None) -> dict[str, memory.RankMemory]:
     """Bytes this rank holds now for the ``"embeddings"`` (every parameter inside a sharded module, with the
     fused optimizer's state) and for the ``"dense"`` rest: parameters, gradients, optimizer state each.
@@ -228,11 +221,11 @@ def memory_by_part(model: nn.Module, optimizer: Any = None) -> dict[str, memory.
     state = {"embeddings": 0, "dense": 0}
     for key, values in (optimizer.state.items() if optimizer is not None else ()):
         part = "dense" if id(key) in dense_ids else "embeddings"  # fused state is keyed by table, not parameter
-        state[part] += sum(_local_bytes(v) for name, v in values.items() if isinstance(v, torch.Tensor) and name != "step")
+        state[part] += sum(memory.tensor_bytes(v) for name, v in values.items() if isinstance(v, torch.Tensor) and name != "step")
     return {
         part: memory.RankMemory(
-            params=sum(_local_bytes(p) for p in ps),
-            grads=sum(_local_bytes(p.grad) for p in ps if p.grad is not None),
+            params=sum(memory.tensor_bytes(p) for p in ps),
+            grads=sum(memory.tensor_bytes(p.grad) for p in ps if p.grad is not None),
             optimizer=state[part],
         )
         for part, ps in params.items()

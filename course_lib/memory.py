@@ -74,9 +74,12 @@ class RankMemory:
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes this rank holds for `t`: the local shard of a DTensor, the whole of any other tensor."""
+    """Bytes this rank holds for `t`: the local shards of a ShardedTensor (torchrec's sharded tables and their
+    fused optimizer state), the local shard of a DTensor, the whole of any other tensor."""
     from torch.distributed.tensor import DTensor
 
+    if hasattr(t, "local_shards") and hasattr(t, "metadata"):  # ShardedTensor; its numel() would warn
+        return sum(shard.tensor.numel() * shard.tensor.element_size() for shard in t.local_shards())
     if isinstance(t, DTensor):
         t = t.to_local()
     return t.numel() * t.element_size()

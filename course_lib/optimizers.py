@@ -28,6 +28,7 @@ from course_lib import memory
 
 __all__ = [
     "StepReport",
+    "leaf_optimizers",
     "local_bytes",
     "local_shape",
     "measure_training",
@@ -42,11 +43,8 @@ def _is_sharded_tensor(t: Any) -> bool:
     return hasattr(t, "local_shards") and hasattr(t, "metadata")
 
 
-def local_bytes(t: torch.Tensor) -> int:
-    """Bytes this rank holds for `t`: a ShardedTensor's local shards, a DTensor's local part, any other tensor whole."""
-    if _is_sharded_tensor(t):
-        return sum(shard.tensor.numel() * shard.tensor.element_size() for shard in t.local_shards())
-    return memory.tensor_bytes(t)
+# Bytes this rank holds for a tensor: a ShardedTensor's local shards, a DTensor's local part, any other whole.
+local_bytes = memory.tensor_bytes
 
 
 def local_shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -61,12 +59,12 @@ def local_shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _optimizers(optimizer: Any) -> Iterator[Any]:
+def leaf_optimizers(optimizer: Any) -> Iterator[Any]:
     """The leaf optimizers inside `optimizer` (a CombinedOptimizer holds ``(name, optimizer)`` pairs)."""
     inner = getattr(optimizer, "optimizers", None)
     if isinstance(inner, list):
         for item in inner:
-            yield from _optimizers(item[1] if isinstance(item, tuple) else item)
+            yield from leaf_optimizers(item[1] if isinstance(item, tuple) else item)
     else:
         yield optimizer
 
@@ -79,7 +77,7 @@ def state_rows(optimizer: Any, include_step: bool = False) -> list[dict[str, Any
     gradients). Adam's ``step`` counters are left out unless `include_step`.
     """
     rows = []
-    for leaf in _optimizers(optimizer):
+    for leaf in leaf_optimizers(optimizer):
         names = {id(p): name for name, p in getattr(leaf, "params", {}).items()}  # by id: no ShardedTensor hashing
         for position, (param, state) in enumerate(leaf.state.items()):
             for key, value in state.items():

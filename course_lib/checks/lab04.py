@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from course_lib import data
-from course_lib.checks import exercise, fail, passed, raise_if_unwritten
+from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
 
 # A small world for the checks: the same tables as the lab's log, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=2_000, seed=3)
@@ -36,7 +36,7 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
         wrapped = wrap(model, plan)
     except Exception as error:  # a learner's bug: report it, do not crash the check
         raise_if_unwritten(error)
-        report["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        report["error"] = one_line(error)
         return report
     report["type"] = type(wrapped).__name__
     if not isinstance(wrapped, DistributedModelParallel):

@@ -7,16 +7,11 @@ from typing import Any, Callable, Mapping
 import torch
 
 from course_lib import data
-from course_lib.checks import exercise, fail, passed, raise_if_unwritten
+from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
 
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=200, seed=3)
 _LEARNING_RATE = 0.05
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 # ------------------------------------------------------------------------------------------ exercise 1
@@ -35,7 +30,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
         sharder = make_sharder(_LEARNING_RATE)
     except Exception as error:
         raise_if_unwritten(error)
-        return {"error": f"rowwise_adagrad_sharder raised {_first_line(error)}"}
+        return {"error": f"rowwise_adagrad_sharder raised {one_line(error)}"}
     if not isinstance(sharder, EmbeddingBagCollectionSharder):
         return {"type": type(sharder).__name__}
     try:
@@ -43,7 +38,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
         batch = sharding.random_batch(tables, 16, seed=0)
         optimizers.sum_of_squares(model(batch)).backward()
     except Exception as error:
-        return {"error": f"sharding or training with your sharder raised {_first_line(error)}"}
+        return {"error": f"sharding or training with your sharder raised {one_line(error)}"}
     return {
         "type": "EmbeddingBagCollectionSharder",
         "states": [(row["state"], row["local shape"]) for row in optimizers.state_rows(model.fused_optimizer)],
@@ -129,14 +124,14 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str
         optimizer = combined_optimizer(dmp, lambda params: torch.optim.Adam(params, lr=0.01))
     except Exception as error:
         raise_if_unwritten(error)
-        return {"error": f"combined_optimizer raised {_first_line(error)}"}
+        return {"error": f"combined_optimizer raised {one_line(error)}"}
     others = {name: p.detach().clone() for name, p in dmp.named_parameters() if name not in fused_names and p.numel()}
     batch = next(data.batches(data.make_click_log(_CHECK_CONFIG).train, 64, dist.get_rank(), dist.get_world_size()))
     try:
         training.train_step(dmp, optimizer, batch)
         state = optimizer.state_dict()["state"]
     except Exception as error:
-        return {"error": f"a training step with your optimizer raised {_first_line(error)}"}
+        return {"error": f"a training step with your optimizer raised {one_line(error)}"}
     state_names = {f"{key}/{name}" for key, value in state.items() if isinstance(value, Mapping) for name in value}
     fused_state = {f"{key}/{name}" for key, value in dmp.fused_optimizer.state_dict()["state"].items() for name in value}
     parameters = dict(dmp.named_parameters())
@@ -269,7 +264,7 @@ def check_state_bytes(
         try:
             got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
         except Exception as error:
-            fail(f"state_bytes_per_rank({rows}, {dim}, {ranks}, {optimizer.name}) raised {_first_line(error)}")
+            fail(f"state_bytes_per_rank({rows}, {dim}, {ranks}, {optimizer.name}) raised {one_line(error)}")
         if got == want:
             continue
         source = f"measured {seen:,}" if seen is not None else f"expected {want:,}"

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from course_lib import data
-from course_lib.checks import exercise, fail, passed, raise_if_unwritten
+from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
 
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=4_000, num_test=500, seed=3)
@@ -120,8 +120,7 @@ def _first_line(error: BaseException) -> str:
     lines = [line for line in str(error).splitlines() if re.match(r"^[A-Za-z_.]*(Error|Exception)\b[^:]*: ", line)]
     if lines:
         return lines[-1][:300]
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+    return one_line(error)[:300]
 
 
 def _predict(model: Any) -> torch.Tensor:
