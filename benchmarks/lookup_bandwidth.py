@@ -27,7 +27,8 @@ def main() -> None:
 
     import torch
 
-    from course_lib import bandwidth, quiet
+    from course_lib import bandwidth
+    from course_lib.launcher import quiet
 
     quiet.install()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -24,7 +24,8 @@ def main() -> None:
 
     import pandas as pd
 
-    from course_lib import capstone, quiet
+    from course_lib import capstone
+    from course_lib.launcher import quiet
 
     quiet.install()
     frame = capstone.memory_scaling(opts.ranks, num_embeddings=opts.rows)

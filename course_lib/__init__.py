@@ -9,9 +9,9 @@ import importlib
 from typing import Any
 
 # launch.py imports no torch at module level, so this stays cheap. Imported eagerly so that the name
-# `course_lib.launch` is the function, not the submodule of the same name.
-from course_lib.launch import LaunchError, launch
-from course_lib.ranks import Ranks
+# `course_lib.launch` is the function; the module is `course_lib.launcher.launch`.
+from course_lib.launcher.launch import LaunchError, launch
+from course_lib.launcher.ranks import Ranks
 
 __version__ = "0.1.0"
 

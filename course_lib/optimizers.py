@@ -177,7 +177,7 @@ def row_wise_ebc(
     from torchrec.distributed.sharding_plan import row_wise
 
     from course_lib import planning
-    from course_lib._rank import rank_device
+    from course_lib.launcher._rank import rank_device
 
     sharder = sharder or EmbeddingBagCollectionSharder()
     plan = planning.hand_plan(

@@ -27,7 +27,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from course_lib import planning
-from course_lib._rank import rank_device
+from course_lib.launcher._rank import rank_device
 
 __all__ = [
     "compare_with_unsharded",

@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib import data, planning, progress  # noqa: F401  (importing planning drops torchrec's notices
+from course_lib import data, planning  # noqa: F401  (importing planning drops torchrec's notices
 # "Sharding spec not found for ..." about data-parallel tables)
-from course_lib._rank import rank_device
+from course_lib.launcher import progress
+from course_lib.launcher._rank import rank_device
 
 __all__ = [
     "Step",
@@ -50,7 +51,7 @@ DEFAULT_DENSE_LR = 0.005
 
 
 def device() -> torch.device:
-    """This rank's device: ``cuda:LOCAL_RANK`` under NCCL, else the CPU (``course_lib.launch.rank_device``)."""
+    """This rank's device: ``cuda:LOCAL_RANK`` under NCCL, else the CPU (``course_lib.launcher._rank.rank_device``)."""
     return rank_device()
 
 
@@ -125,7 +126,7 @@ def train(
 ) -> list[float]:
     """Train on this rank's share of `split` for `epochs` (or `max_steps` steps); returns this rank's losses.
 
-    Rank 0 reports every step to ``course_lib.progress`` (one live bar in the launching cell; `desc=None`
+    Rank 0 reports every step to ``course_lib.launcher.progress`` (one live bar in the launching cell; `desc=None`
     reports nothing). `step` is the training step, ``train_step`` by default.
     """
     rank, world_size = _rank_and_size()
@@ -271,7 +272,7 @@ def pipelining_log() -> Iterator[list[str]]:
     "Module 'model.sparse_arch.embedding_bag_collection' will be pipelined".
 
     torchrec logs these lines (at INFO, and a WARNING for the modules it cannot pipeline) when the first
-    ``progress()`` call rewrites the model; ``course_lib.quiet`` otherwise silences torchrec's loggers.
+    ``progress()`` call rewrites the model; ``course_lib.launcher.quiet`` otherwise silences torchrec's loggers.
     """
     messages: list[str] = []
     logger = logging.getLogger(_PIPELINE_LOGGER)

@@ -16,7 +16,7 @@ import pytest
 
 import course_lib
 from course_lib import LaunchError, launch
-from course_lib.launch import check_nccl, device_for, resolve_backend
+from course_lib.launcher.launch import check_nccl, device_for, resolve_backend
 
 from conftest import REPO, Kernel
 
@@ -49,7 +49,7 @@ def _ranks_of(kernel_pid: int) -> list[psutil.Process]:
     """Processes under the kernel other than its fork servers (ranks are the fork servers' children)."""
     try:
         kernel = psutil.Process(kernel_pid)
-        servers = {p.pid for p in kernel.children() if "course_lib._zygote" in " ".join(p.cmdline())}
+        servers = {p.pid for p in kernel.children() if "course_lib.launcher._zygote" in " ".join(p.cmdline())}
         return [p for p in kernel.children(recursive=True) if p.pid not in servers]
     except psutil.NoSuchProcess:
         return []
@@ -81,7 +81,7 @@ def test_changed_notebook_function_runs_as_changed_and_warm_launch_is_fast(share
         "def answer():\n    return 'new'\n"
         "def timed():\n"
         "    t = time.perf_counter(); r = launch(answer); return r, time.perf_counter() - t\n"
-        "sys.modules['course_lib.launch'].shutdown_fork_server()\n"
+        "sys.modules['course_lib.launcher.launch'].shutdown_fork_server()\n"
         "r, cold = timed()\n"
         "warm = min(timed()[1] for _ in range(3))\n"
         "print(r, f'{cold:.3f} {warm:.3f}')"

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from course_lib import launch, progress
+from course_lib import launch
+from course_lib.launcher import progress
 
 
 def train(steps):
@@ -35,7 +36,7 @@ def test_plain_lines_without_a_notebook(capsys, monkeypatch):
 
 
 def test_a_widget_bar_in_a_notebook_kernel(kernel):
-    kernel.run("import os; os.environ.pop('COURSE_PROGRESS', None)\nfrom course_lib import launch, progress")
+    kernel.run("import os; os.environ.pop('COURSE_PROGRESS', None)\nfrom course_lib import launch\nfrom course_lib.launcher import progress")
     cell = kernel.run(
         "def train(steps):\n"
         "    import time\n"

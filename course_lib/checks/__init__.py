@@ -55,7 +55,7 @@ def one_line(error: BaseException) -> str:
 def _unwritten(error: BaseException | None) -> bool:
     """Whether `error` is the ``raise NotImplementedError()`` a lab leaves in an exercise (no message: a
     NotImplementedError with one, such as torch's "Could not run 'aten::...'", is a real answer's error)."""
-    from course_lib.launch import LaunchError
+    from course_lib.launcher.launch import LaunchError
 
     if isinstance(error, NotImplementedError):
         return not str(error).strip()

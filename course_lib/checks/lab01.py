@@ -150,7 +150,7 @@ def _run(
     timeout: float,
 ) -> list[tuple[Any, list[str]]]:
     """Launch fn on len(args_by_rank) ranks, counting collectives; turn a failed launch into a CheckFailed."""
-    from course_lib.launch import LaunchError
+    from course_lib.launcher.launch import LaunchError
 
     if launch is None:
         from course_lib import launch

@@ -69,7 +69,7 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
 @exercise
 def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None) -> None:
     """Run `shard(model)` on 2 ranks with a 3-block TinyTransformer and check it is sharded FSDP2-style."""
-    from course_lib.launch import LaunchError
+    from course_lib.launcher.launch import LaunchError
 
     if launch is None:
         from course_lib import launch

@@ -98,7 +98,7 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
     """Run DMP with `wrapper` (a DataParallelWrapper subclass, or an instance) as its data_parallel_wrapper on 2
     ranks: the tables must stay TorchRec shards, every dense parameter must be a ``Shard(0)`` DTensor, the loss
     must fall."""
-    from course_lib.launch import LaunchError
+    from course_lib.launcher.launch import LaunchError
 
     if launch is None:
         from course_lib import launch

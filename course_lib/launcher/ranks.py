@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterable
 
 import cloudpickle
 
-from course_lib import _rank
-from course_lib.launch import (
+from course_lib.launcher import _rank
+from course_lib.launcher.launch import (
     LaunchError,
     RankFailure,
     _OutputPump,
@@ -185,7 +185,7 @@ class Ranks:
         world_size: number of ranks.
         backend: ``"gloo"``, ``"nccl"`` (one GPU per rank) or ``"auto"``.
         timeout: default seconds a cell or call may take before the ranks are restarted.
-        start_method: as for :func:`course_lib.launch`.
+        start_method: as for :func:`course_lib.launcher.launch`.
         show_ranks: the ranks whose output reaches the cell (default: all).
     """
 

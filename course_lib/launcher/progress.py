@@ -2,7 +2,7 @@
 
 Inside a function run by ``launch()`` (or ``Ranks.run``)::
 
-    from course_lib import progress
+    from course_lib.launcher import progress
     for step in range(steps):
         loss = train_step()
         progress.report(step + 1, steps, desc="train", loss=loss)

@@ -1,6 +1,6 @@
-"""One call at the top of every lab: ``course_lib.notebook.setup()``.
+"""One call at the top of every lab: ``course_lib.launcher.notebook.setup()``.
 
-It filters the library warnings that teach nothing (course_lib.quiet), fixes the random seeds and sets
+It filters the library warnings that teach nothing (course_lib.launcher.quiet), fixes the random seeds and sets
 plot defaults, so every lab starts from the same state and its outputs match the stored solution's.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import random
 
 def setup(seed: int = 0) -> None:
     """Prepare this kernel for a lab: quiet known warnings, seed RNGs, plot defaults."""
-    from course_lib import quiet
+    from course_lib.launcher import quiet
 
     quiet.install()
     random.seed(seed)

@@ -1,9 +1,9 @@
 """What runs inside one launched rank: environment, process group, the learner's function, the result.
 
-The parent (``course_lib.launch``) writes ``payload.pkl`` into a private work folder; each rank reads it,
+The parent (``course_lib.launcher.launch``) writes ``payload.pkl`` into a private work folder; each rank reads it,
 runs, and writes ``result.<rank>.pkl`` there. The same code serves the three start methods: forked by the
-preloading fork server (``course_lib._zygote``), forked from the kernel, or spawned as
-``python -m course_lib._rank WORKDIR RANK``.
+preloading fork server (``course_lib.launcher._zygote``), forked from the kernel, or spawned as
+``python -m course_lib.launcher._rank WORKDIR RANK``.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def rank_device() -> "torch.device":
 
 def prepare_rank(backend: str, local_rank: int, local_world_size: int) -> None:
     """Per-rank process setup shared by launch() and torchrun: quiet warnings, threads, device."""
-    from course_lib import quiet
+    from course_lib.launcher import quiet
 
     quiet.install()
     import torch
@@ -158,7 +158,7 @@ def main(workdir: str, rank: int) -> int:
                     sys.path.insert(0, entry)
             os.chdir(header["cwd"])
             os.environ.update(torchrun_env(rank, header["world_size"], header["master_port"]))
-            os.environ["COURSE_PROGRESS_FILE"] = os.path.join(workdir, "progress.jsonl")  # course_lib.progress
+            os.environ["COURSE_PROGRESS_FILE"] = os.path.join(workdir, "progress.jsonl")  # course_lib.launcher.progress
             prepare_rank(header["backend"], rank, header["world_size"])
             fn, args, kwargs = cloudpickle.load(f)
         if header["init_group"]:
@@ -195,7 +195,7 @@ def main(workdir: str, rank: int) -> int:
     return code
 
 
-SPAWN_CODE = "import sys; from course_lib import _rank; sys.exit(_rank.spawned_main(sys.argv[1], int(sys.argv[2])))"
+SPAWN_CODE = "import sys; from course_lib.launcher import _rank; sys.exit(_rank.spawned_main(sys.argv[1], int(sys.argv[2])))"
 
 
 def spawned_main(workdir: str, rank: int) -> int:

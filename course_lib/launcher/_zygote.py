@@ -2,7 +2,7 @@
 
 It imports the modules named on its command line once (torch; torchrec for the full server), says
 "ready", then forks ranks on request: the ranks start with those imports paid for. It never touches CUDA,
-so the ranks it forks may still use it. The launcher keeps one per kernel (see course_lib.launch).
+so the ranks it forks may still use it. The launcher keeps one per kernel (see course_lib.launcher.launch).
 
 Protocol, one JSON object per line. Parent -> server on stdin:
     {"cmd": "spawn", "workdir": DIR, "ranks": [0, 1]}
@@ -56,7 +56,7 @@ class _Server:
                     os.close(self.wfd)
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     signal.signal(signal.SIGINT, signal.default_int_handler)
-                    from course_lib import _rank
+                    from course_lib.launcher import _rank
 
                     _rank.set_parent_death_signal(signal.SIGKILL)
                     code = _rank.main(workdir, rank)
@@ -118,7 +118,7 @@ class _Server:
 
 
 def main() -> None:
-    from course_lib import _rank
+    from course_lib.launcher import _rank
 
     _rank.set_parent_death_signal(signal.SIGTERM)
     server = _Server()

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import cloudpickle
 
-from course_lib import _rank
+from course_lib.launcher import _rank
 
 __all__ = ["launch", "LaunchError", "RankFailure", "resolve_backend", "check_nccl", "device_for", "rank_device"]
 
@@ -242,14 +242,14 @@ def _free_port() -> int:
 
 
 class _ForkServer:
-    """The kernel's preloading fork server (course_lib._zygote); started on first use."""
+    """The kernel's preloading fork server (course_lib.launcher._zygote); started on first use."""
 
     def __init__(self, preload: Sequence[str]) -> None:
         self.preload = tuple(preload)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "course_lib._zygote", *self.preload],
+            [sys.executable, "-m", "course_lib.launcher._zygote", *self.preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -495,7 +495,7 @@ class _OutputPump:
     """Tails each rank's stdout/stderr files and writes complete lines into this process's streams."""
 
     def __init__(self, workdir: str, world_size: int, show: set[int] | None) -> None:
-        from course_lib.progress import ProgressReader
+        from course_lib.launcher.progress import ProgressReader
 
         self.progress = ProgressReader(workdir)
         self.files = [
