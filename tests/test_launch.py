@@ -412,3 +412,28 @@ def test_run_outside_torchrun_says_how_to_start_it():
     )
     assert out.returncode != 0
     assert "start this under torchrun" in out.stderr
+
+
+# ------------------------------------------------------------------------------ the course-wide switch
+
+
+def test_course_backend_switch_picks_the_backend_of_launches_that_name_none(monkeypatch, capsys, tmp_path):
+    from course_lib.launcher import launch as launch_module
+    from course_lib.launcher.launch import default_backend
+
+    monkeypatch.delenv("COURSE_BACKEND", raising=False)
+    assert default_backend(2, gpu_count=0) == "gloo"
+    monkeypatch.setenv("COURSE_BACKEND", "nccl")
+    assert default_backend(2, gpu_count=2) == "nccl"
+    monkeypatch.setattr(launch_module, "_SAID_FALLBACK", set())
+    assert default_backend(4, gpu_count=2) == "gloo"  # more ranks than GPUs: gloo, said once
+    assert default_backend(4, gpu_count=2) == "gloo"
+    assert capsys.readouterr().err.count("4 ranks need 4 GPUs and there are 2") == 1
+    monkeypatch.setenv("COURSE_BACKEND", "mpi")
+    with pytest.raises(ValueError, match="COURSE_BACKEND='mpi' is not a backend"):
+        default_backend(2)
+    # a launch that names no backend follows the switch, and logs what it used for `make test-gpu`
+    monkeypatch.setenv("COURSE_BACKEND", "gloo")
+    monkeypatch.setenv("COURSE_BACKEND_LOG", str(tmp_path / "backends.jsonl"))
+    assert launch(lambda: __import__("torch.distributed").distributed.get_backend()) == ["gloo", "gloo"]
+    assert (tmp_path / "backends.jsonl").read_text() == '{"backend": "gloo", "world_size": 2}\n'

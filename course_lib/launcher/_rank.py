@@ -120,7 +120,7 @@ def _write_result(workdir: str, rank: int, record: tuple[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _error_record(exc: BaseException) -> dict[str, Any]:
+def _error_record(exc: BaseException, phase: str) -> dict[str, Any]:
     try:
         pickled = cloudpickle.dumps(exc)
     except Exception:
@@ -133,6 +133,9 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
             traceback.format_exception(type(exc), exc, exc.__traceback__ and exc.__traceback__.tb_next)
         ),
         "exception": pickled,
+        # "setup" (payload, environment), "group" (creating the process group) or "function" (the learner's
+        # code): the launcher starts a launch again when the first rank to fail failed in "group".
+        "phase": phase,
     }
 
 
@@ -150,6 +153,7 @@ def main(workdir: str, rank: int) -> int:
     """Run one rank of a launch; returns the process exit code (0 when a result was written)."""
     _redirect_output(workdir, rank)
     code = 1
+    phase = "setup"
     try:
         with open(os.path.join(workdir, PAYLOAD), "rb") as f:
             header = cloudpickle.load(f)  # plain data: config first, so sys.path is set before the function
@@ -162,6 +166,7 @@ def main(workdir: str, rank: int) -> int:
             prepare_rank(header["backend"], rank, header["world_size"])
             fn, args, kwargs = cloudpickle.load(f)
         if header["init_group"]:
+            phase = "group"
             init_group(
                 header["backend"],
                 f"file://{os.path.join(workdir, RENDEZVOUS)}",
@@ -169,6 +174,7 @@ def main(workdir: str, rank: int) -> int:
                 header["world_size"],
                 header["timeout_s"],
             )
+        phase = "function"
         value = fn(*args, **kwargs)
         try:
             _write_result(workdir, rank, ("ok", value))
@@ -181,7 +187,7 @@ def main(workdir: str, rank: int) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         # Not printed here: the parent raises LaunchError with this traceback, once.
         try:
-            _write_result(workdir, rank, ("error", _error_record(exc)))
+            _write_result(workdir, rank, ("error", _error_record(exc, phase)))
         except Exception:
             pass
         code = 1

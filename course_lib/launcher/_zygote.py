@@ -9,7 +9,8 @@ Protocol, one JSON object per line. Parent -> server on stdin:
 Server -> parent on the original stdout:
     {"event": "ready"}    {"event": "started", "workdir": DIR, "rank": R, "pid": P}    {"event": "exit", "pid": P, "code": C}
 The code is the exit status, or minus the signal number that ended the rank.
-On EOF (the kernel went away) or SIGTERM it kills its ranks, removes their work folders and exits.
+Each rank runs in a session of its own. On EOF (the kernel went away) or SIGTERM the server kills its
+ranks' sessions (the ranks and whatever they started), removes their work folders and exits.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class _Server:
             if pid == 0:  # the rank
                 code = 1
                 try:
+                    os.setsid()  # a session of its own: whatever the rank starts, the launcher can end with it
                     os.close(self.rfd)
                     os.close(self.wfd)
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -80,10 +82,11 @@ class _Server:
 
     def shutdown(self, *_: Any) -> None:
         for pid in list(self.children):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for kill in (os.killpg, os.kill):  # the rank's session (what it started), then the rank itself
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         for pid in list(self.children):
             try:
                 os.waitpid(pid, 0)

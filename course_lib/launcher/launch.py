@@ -44,7 +44,17 @@ import cloudpickle
 
 from course_lib.launcher import _rank
 
-__all__ = ["launch", "LaunchError", "RankFailure", "resolve_backend", "check_nccl", "device_for", "rank_device"]
+__all__ = [
+    "launch",
+    "LaunchError",
+    "RankFailure",
+    "default_backend",
+    "resolve_backend",
+    "check_nccl",
+    "device_for",
+    "rank_device",
+    "group_never_formed",
+]
 
 BACKENDS = ("gloo", "nccl", "auto")
 START_METHODS = ("forkserver", "spawn", "fork")
@@ -56,6 +66,10 @@ PRELOAD_FULL = (*PRELOAD_FIRST, "torchrec", "torchrec.distributed")
 _TERMINATE_GRACE_S = 2.0
 _FAILURE_GRACE_S = 0.25  # let peers that fail at the same moment report before they are terminated
 _POLL_S = 0.005
+# A launch whose ranks all failed while creating the process group (before the learner's function ran) is
+# started again, with a fresh rendezvous, up to this many times in all: gloo's full-mesh connect over
+# loopback fails now and then ("Gloo connectFullMesh failed ... Connection closed by peer", pytorch #53270).
+GROUP_ATTEMPTS = 3
 _ELASTIC_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 device_for = _rank.device_for
@@ -74,6 +88,7 @@ class RankFailure:
     exit_code: int | None = None
     exception: BaseException | None = field(default=None, repr=False)
     after: int | None = None  # the rank whose failure came first, when this one followed it
+    phase: str = ""  # where a rank that raised was: "setup", "group" (creating the process group), "function"
     seen_at: float = field(default_factory=time.time, repr=False)  # when the launcher saw it (wall clock)
 
     def headline(self) -> str:
@@ -174,6 +189,37 @@ def resolve_backend(backend: str, world_size: int, gpu_count: int | None = None)
     if backend == "nccl":
         check_nccl(world_size, gpu_count)
     return backend
+
+
+def default_backend(world_size: int, gpu_count: int | None = None) -> str:
+    """The backend of a launch that names none: ``$COURSE_BACKEND`` when set, else ``"gloo"``.
+
+    ``COURSE_BACKEND=nccl`` (what ``make test-gpu`` sets) runs every lab's launches on NCCL unchanged; a
+    launch with more ranks than the machine has GPUs then runs on gloo, and says so once per kernel.
+    """
+    chosen = os.environ.get("COURSE_BACKEND", "").strip().lower() or "gloo"
+    if chosen not in BACKENDS:
+        raise ValueError(f"COURSE_BACKEND={chosen!r} is not a backend; set it to one of {', '.join(BACKENDS)}")
+    if chosen == "nccl":
+        found = _gpu_count() if gpu_count is None else gpu_count
+        if found < world_size:
+            if world_size not in _SAID_FALLBACK:
+                _SAID_FALLBACK.add(world_size)
+                print(f"launch: COURSE_BACKEND=nccl, but {world_size} ranks need {world_size} GPUs and there are "
+                      f"{found}: launches of {world_size} ranks run on gloo.", file=sys.stderr)
+            return "gloo"
+    return chosen
+
+
+_SAID_FALLBACK: set[int] = set()
+
+
+def _log_backend(backend: str, world_size: int) -> None:
+    """Append this launch's backend to ``$COURSE_BACKEND_LOG`` when set (``make test-gpu`` tallies them)."""
+    path = os.environ.get("COURSE_BACKEND_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"backend": backend, "world_size": world_size}) + "\n")
 
 
 def _validate(fn: Any, world_size: Any, backend: Any, timeout: Any, start_method: Any) -> None:
@@ -460,12 +506,18 @@ class _Ranks:
                     self.exit_codes[rank] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
     def signal(self, ranks: Iterable[int], sig: int) -> None:
+        """Send `sig` to each running rank and to everything in its session."""
         for rank in ranks:
             if rank not in self.exit_codes:
-                try:
-                    os.kill(self.pids[rank], sig)
-                except ProcessLookupError:
-                    pass
+                _signal_session(self.pids[rank], sig)
+
+    def end_sessions(self) -> None:
+        """Kill whatever the ranks started that outlived them (each rank leads a session of its own)."""
+        for pid in self.pids.values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def terminate(self, ranks: Iterable[int], on_wait: Callable[[], None]) -> None:
         """SIGTERM, then SIGKILL after a grace period; returns once every one of `ranks` has exited."""
@@ -483,9 +535,22 @@ class _Ranks:
             on_wait()
 
     def close(self) -> None:
-        """Release what the process layer holds (its log files); every rank has exited by now."""
+        """End what the ranks left running and release what the process layer holds (its log files); every
+        rank has exited by now."""
+        self.end_sessions()
         if self.pcontext is not None:
             self.pcontext.close(death_sig=signal.SIGKILL, timeout=1)
+
+
+def _signal_session(pid: int, sig: int) -> None:
+    """`sig` to the session that rank `pid` leads (the rank and what it started), or to the rank alone when
+    it has not made its session yet."""
+    for send in (os.killpg, os.kill):
+        try:
+            send(pid, sig)
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -549,7 +614,7 @@ def launch(
     fn: Callable[..., Any],
     *args: Any,
     world_size: int = 2,
-    backend: str = "gloo",
+    backend: str | None = None,
     timeout: float = 300,
     start_method: str = "forkserver",
     init_process_group: bool = True,
@@ -562,7 +627,8 @@ def launch(
         fn: any callable, also one defined in the notebook (a lambda, a closure): it travels by value.
         world_size: number of ranks (processes).
         backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank; rank r uses ``cuda:r``) or ``"auto"``
-            (nccl when there is a GPU per rank, else gloo; says which it chose).
+            (nccl when there is a GPU per rank, else gloo; says which it chose). None (the default): the
+            course-wide switch ``COURSE_BACKEND`` (see :func:`default_backend`), else ``"gloo"``.
         timeout: seconds before a launch that has not finished is ended (also the collectives' timeout).
         start_method: ``"forkserver"`` (default: forks from a server with torch and torchrec preloaded,
             CUDA-safe), ``"spawn"`` (a fresh interpreter per rank), or ``"fork"`` (from this process: fast,
@@ -576,7 +642,10 @@ def launch(
             outran `timeout` (naming the ranks that never finished).
         TypeError / ValueError: bad arguments, at once, before any process starts.
     """
+    if backend is None:
+        backend = default_backend(world_size)
     _validate(fn, world_size, backend, timeout, start_method)
+    _log_backend(backend, world_size)
     if backend in ("auto", "nccl"):
         chosen = resolve_backend(backend, world_size)
         if backend == "auto":
@@ -596,7 +665,6 @@ def launch(
         "init_group": bool(init_process_group),
         "sys_path": [p for p in sys.path if p],
         "cwd": os.getcwd(),
-        "master_port": _free_port(),
     }
     try:
         body = cloudpickle.dumps((fn, args, kwargs))
@@ -604,23 +672,48 @@ def launch(
         raise TypeError(f"launch() cannot ship this call to the ranks: {_unpicklable_part(fn, args, kwargs)}") from None
 
     saved_handlers = {sig: signal.getsignal(sig) for sig in _ELASTIC_SIGNALS}
-    workdir = tempfile.mkdtemp(prefix="course-launch-")  # mode 0700: private to this user
+    sources = _source_map(fn)
     try:
-        with open(os.path.join(workdir, _rank.PAYLOAD), "wb") as f:
-            f.write(cloudpickle.dumps(header))
-            f.write(body)
-        with _server_lock:
+        for attempt in range(1, GROUP_ATTEMPTS + 1):
+            workdir = tempfile.mkdtemp(prefix="course-launch-")  # mode 0700: private to this user
             try:
-                return _run(workdir, world_size, float(timeout), start_method, show_ranks, _source_map(fn))
+                with open(os.path.join(workdir, _rank.PAYLOAD), "wb") as f:
+                    f.write(cloudpickle.dumps({**header, "master_port": _free_port()}))
+                    f.write(body)
+                with _server_lock:
+                    try:
+                        return _run(workdir, world_size, float(timeout), start_method, show_ranks, sources)
+                    except LaunchError as error:
+                        if attempt == GROUP_ATTEMPTS or not init_process_group or not group_never_formed(error):
+                            raise
+                        print(
+                            f"launch: the process group did not form ({error.failures[0].headline()}); "
+                            f"starting the ranks again with a fresh rendezvous (attempt {attempt + 1} of {GROUP_ATTEMPTS}).",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    finally:
+                        if start_method == "forkserver":
+                            _warm_up_successor()
             finally:
-                if start_method == "forkserver":
-                    _warm_up_successor()
+                shutil.rmtree(workdir, ignore_errors=True)
+        raise AssertionError("unreachable: the last attempt returns or raises")
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():
             for sig, handler in saved_handlers.items():
                 if signal.getsignal(sig) is not handler and handler is not None:
                     signal.signal(sig, handler)
+
+
+def group_never_formed(error: "LaunchError") -> bool:
+    """Whether a failed launch failed because its process group did not form: the first rank to fail raised
+    while creating it (gloo's loopback connect fails now and then: one rank's connect can fail while its
+    peer's succeeds), and the launch did not time out. What failed after it failed because of it. Such a
+    launch may be started again; one whose first failure is in the learner's function never is."""
+    if not error.failures or any(f.kind == "timed out" for f in error.failures):
+        return False
+    first = error.failures[0]
+    return first.kind == "raised" and first.phase == "group"
 
 
 def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
@@ -790,6 +883,13 @@ def _failure(workdir: str, rank: int, code: int, sources: dict[str, str]) -> Ran
             except Exception:
                 exception = None
         return RankFailure(
-            rank, "raised", info["type"], info["message"], _with_sources(info["traceback"], sources), code, exception
+            rank,
+            "raised",
+            info["type"],
+            info["message"],
+            _with_sources(info["traceback"], sources),
+            code,
+            exception,
+            phase=info.get("phase", ""),
         )
     return RankFailure(rank, "exited", exit_code=code)

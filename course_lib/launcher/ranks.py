@@ -39,14 +39,17 @@ import cloudpickle
 
 from course_lib.launcher import _rank
 from course_lib.launcher.launch import (
+    GROUP_ATTEMPTS,
     LaunchError,
     RankFailure,
     _OutputPump,
     _Ranks,
     _source_map,
     _free_port,
+    _read_result,
     _validate,
     _with_sources,
+    default_backend,
     resolve_backend,
 )
 
@@ -56,6 +59,10 @@ _FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to answe
 _INTERRUPT_GRACE_S = 3.0
 _START_TIMEOUT_S = 120.0
 _HEADER = struct.Struct("!Q")
+
+
+class _GroupNeverFormed(RuntimeError):
+    """The ranks failed while creating their process group, before any request ran."""
 
 
 # ------------------------------------------------------------------------------------------- the wire
@@ -158,11 +165,11 @@ def _serve(socket_path: str) -> None:
                     f"rank {rank} produced a {type(value).__name__} that cannot be pickled ({exc})"
                 ) from None
         except KeyboardInterrupt as exc:
-            _send(conn, ("interrupted", _rank._error_record(exc)))
+            _send(conn, ("interrupted", _rank._error_record(exc, "function")))
         except BaseException as exc:  # noqa: BLE001
             sys.stdout.flush()
             sys.stderr.flush()
-            _send(conn, ("error", _rank._error_record(exc)))
+            _send(conn, ("error", _rank._error_record(exc, "function")))
 
 
 # ------------------------------------------------------------------------------------- kernel side
@@ -183,7 +190,7 @@ class Ranks:
 
     Args:
         world_size: number of ranks.
-        backend: ``"gloo"``, ``"nccl"`` (one GPU per rank) or ``"auto"``.
+        backend: ``"gloo"``, ``"nccl"`` (one GPU per rank) or ``"auto"``; None: ``$COURSE_BACKEND``, else gloo.
         timeout: default seconds a cell or call may take before the ranks are restarted.
         start_method: as for :func:`course_lib.launcher.launch`.
         show_ranks: the ranks whose output reaches the cell (default: all).
@@ -192,11 +199,13 @@ class Ranks:
     def __init__(
         self,
         world_size: int = 2,
-        backend: str = "gloo",
+        backend: str | None = None,
         timeout: float = 300,
         start_method: str = "forkserver",
         show_ranks: Iterable[int] | None = None,
     ) -> None:
+        if backend is None:
+            backend = default_backend(world_size)
         _validate(lambda: None, world_size, backend, timeout, start_method)
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
@@ -215,6 +224,32 @@ class Ranks:
     # ------------------------------------------------------------------------------ lifecycle
 
     def _start(self) -> None:
+        """Start the ranks; start them again (fresh rendezvous) when their process group failed to form."""
+        for attempt in range(1, GROUP_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                return
+            except _GroupNeverFormed as error:
+                if attempt == GROUP_ATTEMPTS:
+                    raise RuntimeError(f"the ranks' process group did not form in {attempt} attempts: {error}") from None
+                print(
+                    f"Ranks: the process group did not form ({error}); starting the ranks again with a fresh "
+                    f"rendezvous (attempt {attempt + 1} of {GROUP_ATTEMPTS}).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def _group_failure(self, dead: list[int]) -> str | None:
+        """One line on why the group did not form, when a rank that died while starting failed creating it
+        (its peers then fail or wait because of it); else None."""
+        for rank in dead:
+            record = _read_result(self.workdir, rank)
+            if record is not None and record[0] == "error" and record[1].get("phase") == "group":
+                message = record[1]["message"].strip().splitlines()
+                return f"rank {rank} raised {record[1]['type']}: {message[0][:160] if message else ''}"
+        return None
+
+    def _start_once(self) -> None:
         self.workdir = tempfile.mkdtemp(prefix="course-ranks-")
         socket_path = os.path.join(self.workdir, "control.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -245,6 +280,9 @@ class Ranks:
                     self._procs.poll(0)
                     self._pump.pump()
                     dead = [r for r, c in self._procs.exit_codes.items()]
+                    never_formed = self._group_failure(dead) if dead else None
+                    if never_formed:
+                        raise _GroupNeverFormed(never_formed)
                     if dead or time.monotonic() > deadline:
                         raise RuntimeError(
                             f"the ranks did not start (exited: {dead or 'none'}; "
@@ -272,6 +310,7 @@ class Ranks:
                 procs.poll(0.01)
             if procs.running():
                 procs.terminate(procs.pids, self._pump.pump)
+            procs.close()  # and whatever the ranks started
             self._pump.pump(final=True)
         for conn in getattr(self, "_conns", {}).values():
             conn.close()
