@@ -37,6 +37,7 @@ __all__ = [
     "PINNED_TORCH",
     "PINNED_FBGEMM",
     "PINNED_TORCHREC",
+    "PINNED_TORCHMETRICS",
     "PINNED_PYTHON",
 ]
 
@@ -44,6 +45,8 @@ __all__ = [
 PINNED_TORCH = "2.13.0"
 PINNED_FBGEMM = "1.8.0"
 PINNED_TORCHREC = "1.8.0"
+# requirements/course.txt. torchrec 1.8 declares 1.0.3; with 1.9.0 every torchrec.metrics metric fails in compute().
+PINNED_TORCHMETRICS = "1.0.3"
 PINNED_PYTHON = (3, 11)
 
 Severity = Literal["error", "warning"]
@@ -71,6 +74,10 @@ class EnvFacts:
     nccl_available: bool
     nccl_version: str | None
     cpu_count: int | None
+    torchmetrics_version: str | None = None
+    # None when torchrec.metrics computes a normalized entropy on a 4-example batch (or torchrec does not
+    # import, so it was not tried); else "ExceptionType: message".
+    rec_metrics_error: str | None = None
 
     @property
     def cuda_build(self) -> bool:
@@ -128,6 +135,8 @@ class Report:
             ("torch", _torch_line(f)),
             ("fbgemm", _fbgemm_line(f)),
             ("torchrec", _torchrec_line(f)),
+            ("torchmetrics", (f.torchmetrics_version or "not installed")
+             + (", torchrec.metrics fails" if f.rec_metrics_error else "")),
             ("CUDA", _cuda_line(f)),
             ("NCCL", f"available ({f.nccl_version})" if f.nccl_available and f.nccl_version
              else "available" if f.nccl_available else "not available"),
@@ -209,6 +218,7 @@ def collect_facts() -> EnvFacts:
                     nccl_version = None
     fbgemm_import_error = _import_error("fbgemm_gpu")
     torchrec_import_error = _import_error("torchrec")
+    rec_metrics_error = _rec_metrics_error() if torchrec_import_error is None else None
     return EnvFacts(
         python_version=platform.python_version(),
         torch_version=_dist_version("torch"),
@@ -224,7 +234,33 @@ def collect_facts() -> EnvFacts:
         nccl_available=nccl_available,
         nccl_version=nccl_version,
         cpu_count=os.cpu_count(),
+        torchmetrics_version=_dist_version("torchmetrics"),
+        rec_metrics_error=rec_metrics_error,
     )
+
+
+def _rec_metrics_error() -> str | None:
+    """None if a torchrec.metrics metric computes (one process, no group), else "ExceptionType: message"."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch
+            from torchrec.metrics.metrics_config import RecComputeMode, RecTaskInfo
+            from torchrec.metrics.ne import NEMetric
+
+            metric = NEMetric(
+                world_size=1, my_rank=0, batch_size=4, tasks=[RecTaskInfo(name="probe")],
+                compute_mode=RecComputeMode.UNFUSED_TASKS_COMPUTATION, window_size=8,
+            )
+            metric.update(
+                predictions={"probe": torch.tensor([0.2, 0.8, 0.5, 0.1])},
+                labels={"probe": torch.tensor([0.0, 1.0, 1.0, 0.0])},
+                weights={"probe": torch.ones(4)},
+            )
+            metric.compute()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- diagnosis
@@ -434,6 +470,16 @@ def diagnose(facts: EnvFacts, backend: str | None = None, world_size: int | None
         problems.append(Problem(
             "torchrec-import-failed", f"`import torchrec` fails: {_first_line(facts.torchrec_import_error)}",
             _torchrec_import_fix(facts.torchrec_import_error),
+        ))
+
+    if facts.rec_metrics_error and facts.torchrec_version is not None and not facts.torchrec_import_error:
+        have = f"torchmetrics {facts.torchmetrics_version}" if facts.torchmetrics_version else "this torchmetrics"
+        problems.append(Problem(
+            "torchrec-metrics-broken",
+            f"torchrec.metrics fails with {have} (lab 04's RecMetricModule needs it): "
+            f"{_first_line(facts.rec_metrics_error)}",
+            f"pip install torchmetrics=={PINNED_TORCHMETRICS} -c requirements/constraints.txt "
+            f"(the version torchrec {PINNED_TORCHREC} declares; or `{_rebuild(facts)}`)",
         ))
 
     if backend == "nccl" and torch_ok:

@@ -56,6 +56,8 @@ def test_collect_facts_sees_the_course_cpu_stack(healthy: EnvFacts) -> None:
     assert healthy.fbgemm_import_error is None
     assert healthy.torchrec_import_error is None
     assert healthy.torch_cuda is None and not healthy.cuda_build
+    assert healthy.torchmetrics_version == env.PINNED_TORCHMETRICS
+    assert healthy.rec_metrics_error is None  # torchrec.metrics really computed an NE here
     assert not healthy.cuda_available and healthy.gpu_count == 0
     assert not healthy.nccl_available and healthy.nccl_version is None
     assert healthy.cpu_count and healthy.cpu_count >= 1
@@ -84,6 +86,36 @@ def test_pins_match_the_requirements_files() -> None:
     assert pins("torch-cpu.txt") == {"torch": env.PINNED_TORCH, "fbgemm-gpu-cpu": env.PINNED_FBGEMM}
     assert pins("torch-cuda.txt") == {"torch": env.PINNED_TORCH, "fbgemm-gpu": env.PINNED_FBGEMM}
     assert pins("torchrec.txt") == {"torchrec": env.PINNED_TORCHREC}
+    assert pins("course.txt")["torchmetrics"] == env.PINNED_TORCHMETRICS
+    assert pins("constraints.txt")["torchmetrics"] == env.PINNED_TORCHMETRICS
+
+
+# Measured with torchmetrics 1.9.0 (and the pinned lightning-utilities 0.15.3) beside torchrec 1.8.0.
+FROZEN_DATACLASS = "ValueError: A frozen dataclass was passed to `apply_to_collection` but this is not allowed."
+
+
+def test_a_torchmetrics_that_breaks_torchrec_metrics(healthy: EnvFacts) -> None:
+    facts = dataclasses.replace(healthy, torchmetrics_version="1.9.0", rec_metrics_error=FROZEN_DATACLASS)
+    p = only(diagnose(facts), "torchrec-metrics-broken")
+    assert p.severity == "error"
+    assert "torchmetrics 1.9.0" in p.summary and "frozen dataclass" in p.summary
+    assert "pip install torchmetrics==1.0.3 -c requirements/constraints.txt" in p.fix
+    assert re.search(r"^torchmetrics +1\.9\.0, torchrec\.metrics fails$", str(doctor(facts=facts)), re.M)
+    # A torchrec that does not import explains everything downstream: no second problem for its metrics.
+    broken = dataclasses.replace(facts, torchrec_import_error="ImportError: x", torchrec_version="1.8.0")
+    assert "torchrec-metrics-broken" not in codes(diagnose(broken))
+
+
+def test_the_metrics_probe_reports_a_failing_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchrec.metrics.ne import NEMetric
+
+    assert env._rec_metrics_error() is None
+
+    def compute(self: object) -> None:
+        raise ValueError("A frozen dataclass was passed to `apply_to_collection` but this is not allowed.")
+
+    monkeypatch.setattr(NEMetric, "compute", compute)
+    assert env._rec_metrics_error() == FROZEN_DATACLASS
 
 
 # ------------------------------------------------------------------------------------ broken installs
@@ -260,8 +292,9 @@ def test_report_of_the_healthy_machine(healthy: EnvFacts) -> None:
     assert isinstance(report, Report) and report.ok and report.problems == []
     text = str(report)
     for figure in (healthy.python_version, healthy.torch_version, "fbgemm-gpu-cpu 1.8.0 (CPU build)",
-                   healthy.torchrec_version, f"CPU cores  {healthy.cpu_count}"):
+                   healthy.torchrec_version, healthy.torchmetrics_version):
         assert figure in text, (figure, text)
+    assert re.search(rf"^CPU cores +{healthy.cpu_count}$", text, re.M), text
     assert "CPU build" in text and "All good" in text and "gloo" in text
     assert repr(report) == text
 
