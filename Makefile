@@ -1,6 +1,7 @@
 # TorchRec & FSDP in Practice. Two commands matter:
 #   make lab    set up .venv (first time only) and open JupyterLab on labs/
 #   make test   set up .venv (first time only) and run every test and notebook
+#   make test-gpu  (GPU nodes) the same notebooks on NCCL, one table of results
 # GPU nodes: add CUDA=cu126 (or another CUDA tag of the PyTorch wheel index) to either.
 SHELL := /bin/bash
 PY := .venv/bin/python
@@ -11,7 +12,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks test-browser labs solutions doctor clean
+.PHONY: setup lab test test-unit test-notebooks test-browser test-gpu labs solutions doctor clean
 
 setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
@@ -31,6 +32,13 @@ test-notebooks: setup
 # The labs in a real JupyterLab driven by headless Chromium (skips, saying why, when Chromium is missing).
 test-browser: setup
 	$(PY) -m pytest tests/browser -rs
+
+# Instructors and GPU CI: stop at once without 2 NVIDIA GPUs; else build the CUDA .venv (CUDA=cu126 unless
+# given), run the GPU tests and every solution notebook with COURSE_BACKEND=nccl, and print one table.
+test-gpu:
+	@$(PYTHON) tools/test_gpu.py preflight
+	@CUDA="$(or $(CUDA),cu126)" PYTHON="$(PYTHON)" tools/setup_venv.sh
+	$(PY) tools/test_gpu.py run
 
 # Regenerate the student notebooks from the solutions (commit the result).
 labs: setup

@@ -437,3 +437,33 @@ def test_course_backend_switch_picks_the_backend_of_launches_that_name_none(monk
     monkeypatch.setenv("COURSE_BACKEND_LOG", str(tmp_path / "backends.jsonl"))
     assert launch(lambda: __import__("torch.distributed").distributed.get_backend()) == ["gloo", "gloo"]
     assert (tmp_path / "backends.jsonl").read_text() == '{"backend": "gloo", "world_size": 2}\n'
+    # "auto" is logged as what it resolved to, and live ranks log theirs too
+    from course_lib import Ranks
+
+    if not HAS_GPUS:
+        launch(lambda: 1, backend="auto", world_size=1)
+        Ranks(world_size=2).close()
+        lines = (tmp_path / "backends.jsonl").read_text().splitlines()[1:]
+        assert lines == ['{"backend": "gloo", "world_size": 1}', '{"backend": "gloo", "world_size": 2}']
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPUS, reason="needs 2 CUDA GPUs for NCCL")
+def test_nccl_live_ranks_and_the_course_switch_on_gpus(monkeypatch):
+    # what `make test-gpu` relies on: COURSE_BACKEND=nccl reaches launches and live ranks that name no backend
+    from course_lib import Ranks
+
+    def on_gpu():
+        import torch, torch.distributed as dist
+
+        t = torch.full((1,), float(dist.get_rank() + 1), device=f"cuda:{dist.get_rank()}")
+        dist.all_reduce(t)
+        return dist.get_backend(), t.item()
+
+    monkeypatch.setenv("COURSE_BACKEND", "nccl")
+    assert launch(on_gpu) == [("nccl", 3.0), ("nccl", 3.0)]
+    ranks = Ranks(world_size=2)
+    try:
+        assert ranks.run(on_gpu) == [("nccl", 3.0), ("nccl", 3.0)]
+    finally:
+        ranks.close()

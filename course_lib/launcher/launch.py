@@ -645,12 +645,12 @@ def launch(
     if backend is None:
         backend = default_backend(world_size)
     _validate(fn, world_size, backend, timeout, start_method)
-    _log_backend(backend, world_size)
     if backend in ("auto", "nccl"):
         chosen = resolve_backend(backend, world_size)
         if backend == "auto":
             print(f"launch: backend='auto' chose {chosen!r} ({_gpu_count()} CUDA GPUs for {world_size} ranks)")
         backend = chosen
+    _log_backend(backend, world_size)
     cores = os.cpu_count() or 1
     if backend == "gloo" and world_size > cores:
         warnings.warn(

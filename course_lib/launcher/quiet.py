@@ -15,6 +15,8 @@ _FILTERS: list[tuple[str, type[Warning], str]] = [
     (r".*", FutureWarning, r"torchrec(\..*)?"),
     (r".*", DeprecationWarning, r"torchrec(\..*)?"),
     (r".*", UserWarning, r"torchrec\.distributed\.(planner|embedding_sharding|types)(\..*)?"),
+    # torchmetrics 1.0.3 (the version torchrec 1.8 declares) compares versions with distutils on import.
+    (r"distutils Version classes are deprecated.*", DeprecationWarning, r"torchmetrics(\..*)?"),
     # fbgemm_gpu announces optional kernels that the CPU build lacks.
     (r".*", UserWarning, r"fbgemm_gpu(\..*)?"),
     # TypedStorage deprecation surfaces through torch internals in ShardedTensor code.

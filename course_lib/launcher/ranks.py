@@ -49,6 +49,7 @@ from course_lib.launcher.launch import (
     _read_result,
     _validate,
     _with_sources,
+    _log_backend,
     default_backend,
     resolve_backend,
 )
@@ -209,6 +210,7 @@ class Ranks:
         _validate(lambda: None, world_size, backend, timeout, start_method)
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
+        _log_backend(self.backend, world_size)
         if backend == "auto":
             print(f"Ranks: backend='auto' chose {self.backend!r}")
         self.timeout = float(timeout)
