@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Estimates",
     "Shard",
+    "byte_unit",
     "bytes_per_rank",
     "hand_plan",
     "memory_spread",
@@ -472,22 +473,38 @@ def plot_shards(
     return fig
 
 
+_BYTE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def byte_unit(n_bytes: float) -> str:
+    """The largest of B, KiB, MiB, GiB in which ``n_bytes`` is at least 1 (``byte_unit(3 * 2**20) == "MiB"``)."""
+    for unit in ("GiB", "MiB", "KiB"):
+        if n_bytes >= _BYTE_UNITS[unit]:
+            return unit
+    return "B"
+
+
 def plot_memory(
     plans: Mapping[str, ShardingPlan | Mapping[str, Any]] | ShardingPlan,
     tables: Sequence[EmbeddingBagConfig],
     world_size: int,
     *,
-    unit: str = "KiB",
+    unit: str | None = None,
 ) -> "Figure":
-    """Parameter bytes per rank, stacked by table; one panel per plan (``{"label": plan}``), same scale."""
+    """Parameter bytes per rank, stacked by table; one panel per plan (``{"label": plan}``), same scale.
+
+    ``unit`` ("B", "KiB", "MiB", "GiB") defaults to the largest one in which the fullest rank holds at least 1.
+    """
     import matplotlib.pyplot as plt
 
     if isinstance(plans, ShardingPlan):
         plans = {"plan": plans}
-    scale = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}[unit]
     names = [t.name for t in tables]
     colours = {name: _TABLE_COLOURS[i % len(_TABLE_COLOURS)] for i, name in enumerate(names)}
-    frames = {label: bytes_per_rank(plan, tables, world_size).drop(index="total") / scale for label, plan in plans.items()}
+    raw = {label: bytes_per_rank(plan, tables, world_size).drop(index="total") for label, plan in plans.items()}
+    unit = unit or byte_unit(max(float(f.sum(axis=0).max()) for f in raw.values()))
+    scale = _BYTE_UNITS[unit]
+    frames = {label: frame / scale for label, frame in raw.items()}
     top = max(float(f.sum(axis=0).max()) for f in frames.values()) * 1.12
     # A panel widens with the ranks (64 bars need room); the legend takes as many rows as its tables need.
     panel_width = max(2.4, 0.085 * world_size)

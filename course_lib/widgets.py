@@ -117,7 +117,7 @@ def plan_layout(tables: Sequence["EmbeddingBagConfig"], request: PlanRequest) ->
         outcome.error = explain_planner_error(error, request)
         return outcome
     outcome.table = planning.plan_table(outcome.plan, tables)
-    outcome.figure = planning.plot_memory({"planner": outcome.plan}, tables, request.world_size, unit="GiB")
+    outcome.figure = planning.plot_memory({"planner": outcome.plan}, tables, request.world_size)
     return outcome
 
 

@@ -146,3 +146,18 @@ def test_plot_memory_stacks_every_table_for_every_plan(mixed):
     assert panels[1].get_title().endswith("spread 0%")
     for ax in panels:
         assert len([p for p in ax.patches if p.get_gid() == "segment"]) == len(TABLES) * 2
+
+
+def test_byte_unit_is_the_largest_that_keeps_a_whole_number():
+    assert planning.byte_unit(0) == "B" and planning.byte_unit(1023) == "B"
+    assert planning.byte_unit(1024) == "KiB" and planning.byte_unit(3 * 2**20 - 1) == "MiB"
+    assert planning.byte_unit(2**30) == "GiB" and planning.byte_unit(5 * 2**40) == "GiB"
+
+
+def test_plot_memory_picks_its_unit_from_the_data(mixed):
+    fig = planning.plot_memory(mixed, TABLES, 2)
+    label = fig.axes[0].get_ylabel()
+    fullest = float(planning.bytes_per_rank(mixed, TABLES, 2).drop(index="total").sum(axis=0).max())
+    assert label == f"parameters ({planning.byte_unit(fullest)})"
+    assert fig.axes[0].get_ylim()[1] >= 1  # never an axis at 0.00025
+    assert planning.plot_memory(mixed, TABLES, 2, unit="B").axes[0].get_ylabel() == "parameters (B)"

@@ -69,3 +69,14 @@ def test_the_widget_is_a_thin_view_over_plan_layout():
     explorer.memory.value = 0.01
     explorer.button.click()
     assert not explorer.outcome.ok
+
+
+def test_the_memory_plot_labels_small_tables_in_a_unit_that_fits():
+    # KiB-sized tables used to be drawn in GiB (an axis that read 0.00025)
+    small = [EmbeddingBagConfig(name=f"s{i}", num_embeddings=1_000, embedding_dim=16, feature_names=[f"s{i}"])
+             for i in range(3)]
+    ax = plan_layout(small, PlanRequest(world_size=2, ranks_per_node=2)).figure.axes[0]
+    assert ax.get_ylabel() == "parameters (KiB)"  # 3 tables of 62.5 KiB on 2 ranks
+    assert ax.get_ylim()[1] >= 1
+    big = plan_layout(TABLES, PlanRequest(world_size=2, ranks_per_node=2)).figure.axes[0]
+    assert big.get_ylabel() in ("parameters (MiB)", "parameters (GiB)")
