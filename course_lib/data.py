@@ -38,12 +38,15 @@ __all__ = [
     "ClickLog",
     "ClickLogConfig",
     "ClickSplit",
+    "DriftConfig",
+    "DriftingLog",
     "GroundTruth",
     "SPARSE_FEATURES",
     "auc",
     "batches",
     "bayes_optimal_auc",
     "make_click_log",
+    "make_drifting_log",
     "read_criteo_tsv",
     "write_criteo_tsv",
 ]
@@ -427,3 +430,154 @@ def read_criteo_tsv(path: str | os.PathLike[str], log: ClickLog) -> ClickSplit:
         labels=torch.tensor(labels, dtype=torch.long),
         true_logits=log.truth.logits(counts_t, ids),
     )
+
+
+# ------------------------------------------------------------------------------ a log whose ids drift
+
+
+@dataclass(frozen=True)
+class DriftConfig:
+    """A click log over ``num_days`` days whose users and items come and go (lab 10).
+
+    Every user and item has a birth day and a lifetime: a share of them are alive on day 0, the rest are
+    born on later days, and each lives a geometric number of days (items briefly, users longer). Each day's
+    impressions sample the living users and items by popularity. Raw ids are distinct random integers below
+    ``2**id_bits`` (like hashed 64-bit ids in production), so no table can have a row per possible id.
+
+    The planted click logit of an impression is ``base + user_bias[u] + item_bias[i] + <user_factor[u],
+    item_factor[i]> + dense term``, so each day's Bayes-optimal AUC is known exactly. Items also carry a
+    dense *content* vector (what a frozen text or image encoder would give): a fixed random projection of
+    the item's factor and bias, plus noise, so content predicts clicks of an item never seen before, but
+    not perfectly.
+    """
+
+    num_days: int = 6
+    rows_per_day: int = 30_000
+    num_users: int = 500
+    num_items: int = 1_000
+    users_at_start: float = 0.5
+    items_at_start: float = 0.4
+    mean_user_life_days: float = 6.0
+    mean_item_life_days: float = 4.0
+    num_dense: int = 4
+    latent_dim: int = 4
+    content_dim: int = 16
+    content_noise: float = 0.3
+    id_bits: int = 40
+    popularity_skew: float = 0.8
+    base_logit: float = -1.0
+    bias_scale: float = 0.8
+    interaction_scale: float = 1.0
+    dense_scale: float = 0.3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_days", "rows_per_day", "num_users", "num_items", "latent_dim", "content_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if not 8 <= self.id_bits <= 62:
+            raise ValueError("id_bits must be 8..62 (raw ids are int64)")
+        if self.num_users + self.num_items > 2 ** (self.id_bits - 1):
+            raise ValueError("id_bits too small for distinct raw ids")
+
+
+@dataclass
+class DriftingLog:
+    """A generated drifting log: ``days[d]`` is day d's :class:`ClickSplit` (features "user", "item", raw ids).
+
+    ``user_ids`` / ``item_ids`` map each planted user/item index to its raw id; ``content`` is ``[num_items,
+    content_dim]``, row i the content vector of item i (look it up by raw id with :meth:`item_content`).
+    """
+
+    config: DriftConfig
+    days: list[ClickSplit]
+    user_ids: torch.Tensor
+    item_ids: torch.Tensor
+    content: torch.Tensor
+    truth: dict[str, torch.Tensor]
+
+    def __repr__(self) -> str:
+        seen: set[int] = set()
+        per_day = []
+        for split in self.days:
+            items = set(split.ids["item"][0].tolist())
+            per_day.append(f"{len(items)} items ({len(items - seen)} new)")
+            seen |= items
+        return f"DriftingLog({len(self.days)} days x {len(self.days[0])} rows; " + ", ".join(per_day[:3]) + ", ...)"
+
+    def item_content(self, raw_item_ids: torch.Tensor) -> torch.Tensor:
+        """Content vectors ``[N, content_dim]`` of items given by raw id."""
+        order = torch.argsort(self.item_ids)
+        pos = torch.searchsorted(self.item_ids[order], raw_item_ids)
+        index = order[pos.clamp(max=len(order) - 1)]
+        if not torch.equal(self.item_ids[index], raw_item_ids):
+            raise KeyError("an id is not an item of this log")
+        return self.content[index]
+
+    def vocabulary(self, feature: str) -> int:
+        """How many distinct raw ids ``feature`` ("user" or "item") takes over all days."""
+        return int(torch.unique(torch.cat([split.ids[feature][0] for split in self.days])).numel())
+
+    def first_seen(self, day: int, feature: str = "item") -> torch.Tensor:
+        """``[rows of day]`` bool: rows of ``day`` whose ``feature`` id appears on no earlier day."""
+        earlier = [split.ids[feature][0] for split in self.days[:day]]
+        ids = self.days[day].ids[feature][0]
+        if not earlier:
+            return torch.ones_like(ids, dtype=torch.bool)
+        return ~torch.isin(ids, torch.unique(torch.cat(earlier)))
+
+
+def _lifetimes(n: int, at_start: float, num_days: int, mean_life: float, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(birth day, first day dead) per entity: a share alive from day 0, the rest born on days 1..num_days-1."""
+    born = torch.randint(1, max(num_days, 2), (n,), generator=g)
+    born[torch.rand(n, generator=g) < at_start] = 0
+    # geometric lifetime >= 1 day with the given mean
+    p = 1.0 / max(mean_life, 1.0)
+    life = 1 + torch.floor(torch.log(torch.rand(n, generator=g).clamp_min(1e-12)) / math.log(1 - p + 1e-12)).long() \
+        if p < 1 else torch.ones(n, dtype=torch.long)
+    return born, born + life
+
+
+def make_drifting_log(config: DriftConfig | None = None) -> DriftingLog:
+    """Generate the drifting log described by ``config`` (the same config always gives the same log)."""
+    c = config or DriftConfig()
+    g = torch.Generator().manual_seed(c.seed)
+    k = c.latent_dim
+    factor_std = math.sqrt(c.interaction_scale / math.sqrt(k))
+    truth = {
+        "user_bias": torch.randn(c.num_users, generator=g) * c.bias_scale,
+        "item_bias": torch.randn(c.num_items, generator=g) * c.bias_scale,
+        "user_factors": torch.randn(c.num_users, k, generator=g) * factor_std,
+        "item_factors": torch.randn(c.num_items, k, generator=g) * factor_std,
+        "dense_weights": torch.randn(c.num_dense, generator=g) * c.dense_scale,
+    }
+    truth["dense_center"] = torch.log1p(_counts(100_000, c.num_dense, g).float()).mean(0)
+    raw = torch.randint(0, 2**c.id_bits, (c.num_users + c.num_items,), generator=g)
+    while torch.unique(raw).numel() < raw.numel():  # distinct raw ids (a repeat is rare below 2**40)
+        raw = torch.randint(0, 2**c.id_bits, (c.num_users + c.num_items,), generator=g)
+    user_ids, item_ids = raw[: c.num_users].long(), raw[c.num_users:].long()
+    # content: a fixed "encoder" of what the item is (its factor and bias), plus noise, scaled to unit variance
+    encoder = torch.randn(k + 1, c.content_dim, generator=g) / math.sqrt(k + 1)
+    item_state = torch.cat([truth["item_factors"] / factor_std, (truth["item_bias"] / c.bias_scale)[:, None]], 1)
+    content = item_state @ encoder + torch.randn(c.num_items, c.content_dim, generator=g) * c.content_noise
+    user_born, user_dies = _lifetimes(c.num_users, c.users_at_start, c.num_days, c.mean_user_life_days, g)
+    item_born, item_dies = _lifetimes(c.num_items, c.items_at_start, c.num_days, c.mean_item_life_days, g)
+    user_pop = _popularity(c.num_users, c.popularity_skew, g)
+    item_pop = _popularity(c.num_items, c.popularity_skew, g)
+    days = []
+    for day in range(c.num_days):
+        users_alive = ((user_born <= day) & (day < user_dies)).double()
+        items_alive = ((item_born <= day) & (day < item_dies)).double()
+        user = torch.multinomial(user_pop * users_alive, c.rows_per_day, replacement=True, generator=g)
+        item = torch.multinomial(item_pop * items_alive, c.rows_per_day, replacement=True, generator=g)
+        counts = _counts(c.rows_per_day, c.num_dense, g)
+        logit = (
+            c.base_logit + truth["user_bias"][user] + truth["item_bias"][item]
+            + (truth["user_factors"][user] * truth["item_factors"][item]).sum(1)
+            + (torch.log1p(counts.float()) - truth["dense_center"]) @ truth["dense_weights"]
+        ).float()
+        labels = torch.bernoulli(torch.sigmoid(logit.double()), generator=g).long()
+        one = torch.ones(c.rows_per_day, dtype=torch.long)
+        ids = {"user": (user_ids[user], one), "item": (item_ids[item], one.clone())}
+        days.append(ClickSplit(counts=counts, ids=ids, labels=labels, true_logits=logit))
+    return DriftingLog(config=c, days=days, user_ids=user_ids, item_ids=item_ids, content=content.float(), truth=truth)

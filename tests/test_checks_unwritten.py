@@ -8,7 +8,7 @@ import cloudpickle
 import pytest
 
 from course_lib import LaunchError, launch
-from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab04, lab05, lab06, lab07, lab08, lab09
+from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab04, lab05, lab06, lab07, lab08, lab09, lab10
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -76,6 +76,9 @@ CASES = {
     "08 reload": (lab08.check_reload, [stub("reload")], "reload"),
     "09 lookup_bandwidth": (lab09.check_lookup_bandwidth, [stub("lookup_gb_per_s")], "lookup_gb_per_s"),
     "09 torchrun_command": (lab09.check_torchrun_command, [stub("torchrun_command")], "torchrun_command"),
+    "10 shared_row_fraction": (lab10.check_shared_row_fraction, [stub("shared_row_fraction")], "shared_row_fraction"),
+    "10 table_choice": (lab10.check_table_choice, [stub("choose_table"), None, 12 * 1024, 0.01], "choose_table"),
+    "10 shard_of": (lab10.check_shard_of, [stub("shard_of")], "shard_of"),
 }
 
 

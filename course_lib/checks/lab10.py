@@ -1,0 +1,218 @@
+"""Checks for 10_new_ids: the collision rate, a table for a memory budget, the rank that owns an id."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable, Mapping
+
+import torch
+
+from course_lib import collisions, data
+from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def _collision_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(what the case tests, ids, rows): small hand cases, then a random one the learner has not seen."""
+    g = torch.Generator().manual_seed(10)
+    ids = torch.randint(0, 2**40, (300,), generator=g)
+    ids = ids[torch.randint(0, 300, (1_200,), generator=g)]  # repeats: one id, many impressions
+    return [
+        ("5 and 7 share row 1, 5 comes twice", torch.tensor([5, 5, 7, 9]), torch.tensor([1, 1, 1, 2])),
+        ("no two ids share a row", torch.tensor([3, 8, 3, 8, 3]), torch.tensor([0, 4, 0, 4, 0])),
+        ("three ids in one row, two alone", torch.tensor([10, 11, 12, 13, 14, 10]), torch.tensor([0, 0, 0, 1, 2, 0])),
+        ("600 impressions of 300 random 40-bit ids, rows = id % 97", ids, ids % 97),
+    ]
+
+
+def _wrong_collision_answers(ids: torch.Tensor, rows: torch.Tensor) -> dict[str, float]:
+    """Values that plausible mistakes give, with what each mistake is."""
+    pairs = torch.unique(torch.stack([ids, rows]), dim=1)
+    _, per_row = torch.unique(pairs[1], return_counts=True)
+    _, impressions_per_row = torch.unique(rows, return_counts=True)
+    shared_rows = per_row > 1
+    return {
+        "counted impressions in rows used more than once, not distinct ids (an id seen twice is one id)":
+            float((impressions_per_row[impressions_per_row > 1]).sum()) / len(ids),
+        "counted only the extra ids in each shared row (every id in a shared row has collided)":
+            float((per_row[shared_rows] - 1).sum()) / pairs.shape[1],
+        "counted rows, not ids (the rate is a share of ids)": float(shared_rows.float().mean()),
+        "counted the impressions whose row is shared, over all impressions": float(
+            torch.isin(rows, torch.unique(pairs[1])[shared_rows]).float().mean()),
+        "divided by the impressions, not by the distinct ids":
+            float(per_row[shared_rows].sum()) / len(ids),
+    }
+
+
+@exercise
+def check_shared_row_fraction(shared_row_fraction: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
+    """`shared_row_fraction(ids, rows)`: the share of distinct ids whose row also serves another distinct id.
+
+    The check calls it on hand-made cases and on a random one, and compares with the definition.
+    """
+    cases = _collision_cases()
+    answers = []
+    for what, ids, rows in cases:
+        try:
+            answers.append(float(shared_row_fraction(ids.clone(), rows.clone())))
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"shared_row_fraction raised {one_line(error)} on the case '{what}'",
+                 "ids[n] landed in rows[n]; torch.unique(torch.stack([ids, rows]), dim=1) gives the distinct pairs")
+    wants = [collisions.shared_row_fraction(ids, rows) for _, ids, rows in cases]
+    wrong = [i for i, (got, want) in enumerate(zip(answers, wants)) if not math.isclose(got, want, abs_tol=1e-6)]
+    if wrong:
+        first = wrong[0]
+        what, got, want = cases[first][0], answers[first], wants[first]
+        mistakes = [_wrong_collision_answers(ids, rows) for _, ids, rows in cases]
+        for mistake in mistakes[0]:  # a mistake is named only when it explains every case
+            if all(math.isclose(a, m[mistake], abs_tol=1e-6) for a, m in zip(answers, mistakes)):
+                fail(f"shared_row_fraction gave {got:.4f} on '{what}', expected {want:.4f}: it {mistake}",
+                     "count distinct ids; an id collides when its row also holds a different id")
+        fail(f"shared_row_fraction gave {got:.4f} on '{what}', expected {want:.4f}",
+             "distinct ids in rows that hold 2 or more distinct ids, divided by all distinct ids")
+    passed("shared_row_fraction counts distinct ids in shared rows (4 cases, one of 1,200 random impressions)")
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+EMBEDDING_DIM = 8
+BYTES_PER_ROW = EMBEDDING_DIM * 4  # fp32
+
+
+def table_bytes(rows: int) -> int:
+    """Bytes of one table of ``rows`` rows of the lab's width."""
+    return rows * BYTES_PER_ROW
+
+
+_EXACT_CACHE: dict[int, tuple[float, list[float]]] = {}
+
+
+def mean_auc(log: data.DriftingLog, rows: int | Mapping[str, int], policy: str) -> tuple[float, list[float]]:
+    """Mean AUC over the scored days (and the per-day AUCs) of the lab's model with these tables.
+
+    ``policy`` is "modulo" or a managed-collision eviction policy. Seeded: the same choice always gives the
+    same figures on one machine.
+    """
+    torch.manual_seed(0)
+    tables = collisions.id_tables(rows, EMBEDDING_DIM)
+    sparse = collisions.hashed_ebc(tables) if policy == "modulo" else collisions.zch_ebc(tables, policy)
+    model = collisions.IdClickModel(sparse, log.config.num_dense, EMBEDDING_DIM)
+    days = collisions.run_days(model, log, lr=0.2, batch_size=512)
+    aucs = [d.auc for d in days]
+    return statistics.mean(aucs), aucs
+
+
+def exact_mean_auc(log: data.DriftingLog) -> float:
+    """Mean AUC with tables that have a row for every id the log ever shows (no eviction, no collision)."""
+    key = id(log)
+    if key not in _EXACT_CACHE:
+        rows = {f: log.vocabulary(f) + 1 for f in ("user", "item")}
+        _EXACT_CACHE[key] = mean_auc(log, rows, "lru")
+    return _EXACT_CACHE[key][0]
+
+
+def _judge_choice(choice: Any, log: data.DriftingLog, budget_bytes: int, margin: float) -> str:
+    """Fail unless ``choice`` fits ``budget_bytes`` and trains within ``margin`` of the full tables; say how it did."""
+    where = f"for a budget of {budget_bytes:,} bytes"
+    if not isinstance(choice, Mapping) or set(choice) != {"rows", "policy"}:
+        fail(f"choose_table returned {choice!r} {where}: it must return a dict with the keys 'rows' and 'policy'",
+             'for example {"rows": 300, "policy": "lru"}')
+    rows, policy = choice["rows"], choice["policy"]
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 2:
+        fail(f"rows must be an int of at least 2, got {rows!r} {where}", "a managed-collision table needs a row for misses")
+    allowed = ("modulo",) + collisions.EVICTION_POLICIES
+    if policy not in allowed:
+        fail(f"policy must be one of {', '.join(map(repr, allowed))}, got {policy!r}")
+    if table_bytes(rows) > budget_bytes:
+        fail(f"{rows} rows x {EMBEDDING_DIM} fp32 = {table_bytes(rows):,} bytes per table: over the budget of "
+             f"{budget_bytes:,}", f"at most {budget_bytes // BYTES_PER_ROW} rows fit; compute them from budget_bytes")
+    exact = exact_mean_auc(log)
+    got, per_day = mean_auc(log, rows, policy)
+    days = ", ".join(f"{a:.3f}" for a in per_day)
+    if got < exact - margin:
+        hint = {
+            "modulo": "modulo hashing mixes unrelated ids in every row, whatever the table size",
+            "lfu": "plain LFU never forgets old counts: once the table is full, new ids stay out (section 3)",
+            "lru": "at this size LRU evicts ids that come back within the day: the table thrashes",
+        }.get(policy, "a bigger table within the budget, or a policy that forgets old ids by recency")
+        fail(f"{policy} with {rows} rows ({where}): mean AUC {got:.4f} (days {days}), {exact - got:.4f} below the "
+             f"full tables' {exact:.4f}; the margin is {margin}", hint)
+    return (f"{budget_bytes:,} bytes: {policy}, {rows} rows, mean AUC {got:.4f} "
+            f"({exact - got:+.4f} from the full tables' {exact:.4f})")
+
+
+@exercise
+def check_table_choice(
+    choose_table: Callable[[int], Mapping[str, Any]], log: data.DriftingLog, budget_bytes: int, margin: float
+) -> None:
+    """`choose_table(budget_bytes)` returns ``{"rows": ..., "policy": ...}``: tables of at most `budget_bytes`
+    each whose mean AUC is within `margin` of tables with a row for every id.
+
+    The check asks for the lab's budget and for a third more, trains the lab's model with each answer, and
+    measures.
+    """
+    lines = []
+    for budget in (budget_bytes, budget_bytes * 4 // 3):
+        try:
+            choice = choose_table(budget)
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"choose_table({budget}) raised {one_line(error)}")
+        lines.append(_judge_choice(choice, log, budget, margin))
+    passed("within the margin for both budgets: " + "; ".join(lines))
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+
+def shard_of(ids: torch.Tensor, input_hash_size: int, world_size: int) -> torch.Tensor:
+    """The rank whose row-wise shard of a managed-collision table owns each raw id.
+
+    TorchRec cuts the id range ``[0, input_hash_size)`` into ``world_size`` blocks of
+    ``ceil(input_hash_size / world_size)`` ids (``RwSparseFeaturesDist``, ``block_bucketize_sparse_features``).
+    """
+    block = -(-input_hash_size // world_size)
+    return torch.div(ids, block, rounding_mode="floor")
+
+
+def _shard_cases() -> list[tuple[torch.Tensor, int, int]]:
+    g = torch.Generator().manual_seed(11)
+    return [
+        (torch.randint(0, 2**40, (64,), generator=g), 2**40, 2),
+        (torch.tensor([0, 332, 333, 334, 666, 667, 668, 999]), 1_000, 3),  # 1,000 / 3 does not divide
+        (torch.randint(0, 2**40, (64,), generator=g), 2**63 - 1, 2),  # the default: every 40-bit id on rank 0
+        (torch.tensor([0, 1, 2, 3, 7, 8, 9, 10, 11]), 12, 4),
+        (torch.randint(0, 10**6, (100,), generator=g), 10**6, 8),
+    ]
+
+
+@exercise
+def check_shard_of(shard_of_answer: Callable[[torch.Tensor, int, int], Any]) -> None:
+    """`shard_of(ids, input_hash_size, world_size)`: the rank that owns each id, as TorchRec routes it."""
+    for ids, hash_size, world in _shard_cases():
+        want = shard_of(ids, hash_size, world)
+        try:
+            got = torch.as_tensor(shard_of_answer(ids.clone(), hash_size, world))
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"shard_of raised {one_line(error)} (input_hash_size={hash_size}, world_size={world})")
+        case = f"input_hash_size={hash_size:,}, world_size={world}"
+        if got.shape != want.shape:
+            fail(f"shard_of returned shape {tuple(got.shape)} for {len(ids)} ids ({case})", "one rank per id")
+        if torch.equal(got.long(), want):
+            continue
+        if torch.equal(got.long(), ids % world):
+            fail(f"shard_of spreads ids by id % world_size ({case}): that is how a table-row-wise *row* is "
+                 "placed in some systems, not how TorchRec routes a managed-collision id",
+                 "TorchRec cuts [0, input_hash_size) into world_size contiguous blocks")
+        if torch.equal(got.long(), torch.div(ids, hash_size // world, rounding_mode="floor")):
+            fail(f"shard_of divides by input_hash_size // world_size ({case}): with a size that does not divide, "
+                 "the last ids land on a rank that does not exist", "the block is ceil(input_hash_size / world_size)")
+        if (got < 0).any() or (got >= world).any():
+            fail(f"shard_of returned ranks outside 0..{world - 1} ({case})")
+        wrong = int((got.long() != want).sum())
+        fail(f"shard_of disagrees with TorchRec on {wrong} of {len(ids)} ids ({case})",
+             "rank = id // ceil(input_hash_size / world_size)")
+    passed("shard_of routes ids as TorchRec's row-wise input distribution does (5 cases, uneven blocks included)")

@@ -1,0 +1,173 @@
+"""Lab 10's checks pass the solutions and reject the mistakes a learner plausibly makes, each with its reason."""
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+
+from course_lib import data
+from course_lib.checks import CheckFailed, lab10
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def rejects(check, *args, match: str) -> str:
+    with pytest.raises(CheckFailed) as failure:
+        check(*args)
+    assert match in str(failure.value), str(failure.value)
+    return str(failure.value)
+
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def good_fraction(ids, rows):
+    pairs = torch.unique(torch.stack([ids, rows]), dim=1)
+    _, per_row = torch.unique(pairs[1], return_counts=True)
+    return float(per_row[per_row > 1].sum()) / pairs.shape[1]
+
+
+def test_shared_row_fraction_passes_the_solution(capsys):
+    lab10.check_shared_row_fraction(good_fraction)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def per_impression(ids, rows):  # every impression counted, an id seen twice counts twice
+    _, per_row = torch.unique(rows, return_counts=True)
+    return float(per_row[per_row > 1].sum()) / len(ids)
+
+
+def extra_ids_only(ids, rows):  # the first id in a row does not count as collided
+    pairs = torch.unique(torch.stack([ids, rows]), dim=1)
+    _, per_row = torch.unique(pairs[1], return_counts=True)
+    return float((per_row[per_row > 1] - 1).sum()) / pairs.shape[1]
+
+
+def shared_rows(ids, rows):  # a share of rows, not of ids
+    pairs = torch.unique(torch.stack([ids, rows]), dim=1)
+    _, per_row = torch.unique(pairs[1], return_counts=True)
+    return float((per_row > 1).float().mean())
+
+
+def rows_lost(ids, rows):  # 1 - rows used / ids: the same number as counting only the extra ids
+    return 1 - torch.unique(rows).numel() / torch.unique(ids).numel()
+
+
+def over_impressions(ids, rows):  # the right ids, divided by the number of impressions
+    pairs = torch.unique(torch.stack([ids, rows]), dim=1)
+    _, per_row = torch.unique(pairs[1], return_counts=True)
+    return float(per_row[per_row > 1].sum()) / len(ids)
+
+
+def duplicates_are_collisions(ids, rows):  # compares impressions: the same id twice "collides" with itself
+    _, per_row = torch.unique(rows, return_counts=True)
+    shared = torch.unique(rows)[per_row > 1]
+    return float(torch.isin(rows, shared).float().mean())
+
+
+def returns_a_count(ids, rows):  # the number of ids, not the share
+    pairs = torch.unique(torch.stack([ids, rows]), dim=1)
+    _, per_row = torch.unique(pairs[1], return_counts=True)
+    return float(per_row[per_row > 1].sum())
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (per_impression, "counted impressions"),
+    (extra_ids_only, "only the extra ids"),
+    (shared_rows, "counted rows"),
+    (rows_lost, "only the extra ids"),
+    (duplicates_are_collisions, "counted impressions"),
+    (over_impressions, "divided by the impressions"),
+    (returns_a_count, "expected"),
+])
+def test_shared_row_fraction_rejects(answer, reason):
+    rejects(lab10.check_shared_row_fraction, answer, match=reason)
+
+
+def test_shared_row_fraction_that_raises_is_reported():
+    def broken(ids, rows):
+        return ids.unique(dim=2)
+
+    rejects(lab10.check_shared_row_fraction, broken, match="raised IndexError")
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+@pytest.fixture(scope="module")
+def log():
+    torch.set_num_threads(1)  # as the lab does
+    return data.make_drifting_log()
+
+
+BUDGET, MARGIN = 12 * 1024, 0.01
+
+
+def answer(choice):
+    return lambda budget_bytes: choice
+
+
+def test_table_choice_passes_the_solution(log, capsys):
+    lab10.check_table_choice(lambda b: {"rows": b // 32, "policy": "distance_lfu"}, log, BUDGET, MARGIN)
+    out = capsys.readouterr().out
+    assert out.startswith("✓ within the margin for both budgets: 12,288 bytes: distance_lfu, 384 rows")
+    assert "16,384 bytes: distance_lfu, 512 rows" in out
+    # a fixed answer that fits both budgets is a fine answer too
+    lab10.check_table_choice(answer({"rows": 384, "policy": "distance_lfu"}), log, BUDGET, MARGIN)
+
+
+@pytest.mark.parametrize("choose, reason", [
+    (answer({"rows": 512, "policy": "lru"}), "over the budget"),  # the size that works, but 16 KiB
+    (lambda b: {"rows": b // 4, "policy": "distance_lfu"}, "over the budget"),  # bytes per value, not per row
+    (answer({"rows": 384, "policy": "LRU"}), "policy must be one of"),
+    (answer({"rows": 384.0, "policy": "lru"}), "rows must be an int"),
+    (lambda b: {"rows": b / 32, "policy": "distance_lfu"}, "rows must be an int"),
+    (answer({"rows": 384}), "keys 'rows' and 'policy'"),
+    (answer((384, "lru")), "must return a dict"),
+    (lambda b: {"rows": 384, "policy": "distance_lfu"}[b], "raised KeyError"),
+])
+def test_table_choice_rejects_malformed_or_over_budget(log, choose, reason):
+    rejects(lab10.check_table_choice, choose, log, BUDGET, MARGIN, match=reason)
+
+
+@pytest.mark.parametrize("policy, hint", [
+    ("modulo", "mixes unrelated ids"),
+    ("lfu", "never forgets old counts"),
+    ("lru", "thrashes"),
+])
+def test_table_choice_measures_and_rejects_policies_below_the_margin(log, policy, hint):
+    got = lab10.mean_auc(log, 384, policy)[0]
+    assert got < lab10.exact_mean_auc(log) - MARGIN  # measured, not assumed: these fall short at 384 rows
+    message = rejects(lab10.check_table_choice, answer({"rows": 384, "policy": policy}), log, BUDGET, MARGIN, match=hint)
+    assert f"mean AUC {got:.4f}" in message
+
+
+def test_table_choice_rejects_a_table_too_small_even_with_the_right_policy(log):
+    rejects(lab10.check_table_choice, answer({"rows": 128, "policy": "distance_lfu"}), log, BUDGET, MARGIN, match="below the")
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+
+def good_shard_of(ids, input_hash_size, world_size):
+    return ids // -(-input_hash_size // world_size)
+
+
+def test_shard_of_passes_the_solution(capsys):
+    lab10.check_shard_of(good_shard_of)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (lambda ids, h, w: ids % w, "id % world_size"),
+    (lambda ids, h, w: torch.div(ids, h // w, rounding_mode="floor"), "ceil(input_hash_size / world_size)"),
+    (lambda ids, h, w: torch.div(ids, h // w, rounding_mode="floor").clamp(max=w - 1), "disagrees with TorchRec"),
+    (lambda ids, h, w: torch.div(ids * w, 2**40, rounding_mode="floor"), "disagrees"),  # assumes 40-bit ids
+    (lambda ids, h, w: torch.zeros_like(ids), "disagrees"),  # "everything is on rank 0", true only by default
+    (lambda ids, h, w: (ids >= h // 2).long(), "disagrees"),  # two ranks only
+    (lambda ids, h, w: ids[:1] // -(-h // w), "shape"),
+])
+def test_shard_of_rejects(answer, reason):
+    rejects(lab10.check_shard_of, answer, match=reason)
