@@ -58,6 +58,13 @@ def _sum_ranks() -> int:
 # ------------------------------------------------------------------------ a group that fails to form
 
 
+@pytest.fixture(autouse=True)
+def _notices_in_the_cell(monkeypatch):
+    """These tests read the retry line on stderr, where a learner sees it (the repository's conftest sends it
+    to a file for nbval)."""
+    monkeypatch.delenv("COURSE_LAUNCH_NOTICES", raising=False)
+
+
 def test_every_rank_failing_to_form_the_group_is_retried_and_said(monkeypatch, tmp_path, capsys):
     _flaky_group(monkeypatch, tmp_path, failing_ranks={0, 1})
     assert launch(_sum_ranks, world_size=2, start_method="fork", timeout=60) == [3, 3]
@@ -65,6 +72,16 @@ def test_every_rank_failing_to_form_the_group_is_retried_and_said(monkeypatch, t
     assert err.count("did not form") == 1, err
     assert "connectFullMesh" in err and f"attempt 2 of {GROUP_ATTEMPTS}" in err
     assert _inits(tmp_path, 0) == 2 and _inits(tmp_path, 1) == 2
+
+
+def test_under_nbval_the_retry_line_goes_to_a_file_not_the_cell(monkeypatch, tmp_path, capsys):
+    # a retried launch must not add an output that the stored notebook does not have
+    notices = tmp_path / "notices.log"
+    monkeypatch.setenv("COURSE_LAUNCH_NOTICES", str(notices))
+    _flaky_group(monkeypatch, tmp_path, failing_ranks={0, 1})
+    assert launch(_sum_ranks, world_size=2, start_method="fork", timeout=60) == [3, 3]
+    assert "did not form" not in capsys.readouterr().err
+    assert notices.read_text().count("launch: the process group did not form") == 1
 
 
 def test_one_rank_failing_to_form_the_group_while_its_peer_waits_is_retried(monkeypatch, tmp_path, capsys):

@@ -51,6 +51,7 @@ from course_lib.launcher.launch import (
     _with_sources,
     _log_backend,
     default_backend,
+    notice,
     resolve_backend,
 )
 
@@ -234,11 +235,9 @@ class Ranks:
             except _GroupNeverFormed as error:
                 if attempt == GROUP_ATTEMPTS:
                     raise RuntimeError(f"the ranks' process group did not form in {attempt} attempts: {error}") from None
-                print(
+                notice(
                     f"Ranks: the process group did not form ({error}); starting the ranks again with a fresh "
-                    f"rendezvous (attempt {attempt + 1} of {GROUP_ATTEMPTS}).",
-                    file=sys.stderr,
-                    flush=True,
+                    f"rendezvous (attempt {attempt + 1} of {GROUP_ATTEMPTS})."
                 )
 
     def _group_failure(self, dead: list[int]) -> str | None:
