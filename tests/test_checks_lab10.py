@@ -171,3 +171,47 @@ def test_shard_of_passes_the_solution(capsys):
 ])
 def test_shard_of_rejects(answer, reason):
     rejects(lab10.check_shard_of, answer, match=reason)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+import torch.nn.functional as F  # noqa: E402
+
+
+def good_info_nce(a, b, t):
+    return F.cross_entropy(F.normalize(a, dim=1) @ F.normalize(b, dim=1).T / t, torch.arange(len(a)))
+
+
+def test_info_nce_passes_the_solution(capsys):
+    lab10.check_info_nce(good_info_nce)
+    assert capsys.readouterr().out.startswith("✓ info_nce")
+
+
+def _sim(a, b):
+    return F.normalize(a, dim=1) @ F.normalize(b, dim=1).T
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (lambda a, b, t: F.cross_entropy(_sim(a, b), torch.arange(len(a))), "ignores the temperature"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) * t, torch.arange(len(a))), "multiplies by the temperature"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b).T / t, torch.arange(len(a))), "transposed similarity"),
+    (lambda a, b, t: F.cross_entropy(_sim(b, a) / t, torch.arange(len(a))), "transposed similarity"),
+    (lambda a, b, t: (F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)))
+                      + F.cross_entropy(_sim(a, b).T / t, torch.arange(len(a)))) / 2, "averages both directions"),
+    (lambda a, b, t: F.cross_entropy(a @ b.T / t, torch.arange(len(a))), "raw dot products"),
+    (lambda a, b, t: F.cross_entropy(F.normalize(a, dim=0) @ F.normalize(b, dim=0).T / t, torch.arange(len(a))),
+     "wrong axis (dim=0)"),
+    # a softmax over each column is the transposed loss: the same mistake, the same message
+    (lambda a, b, t: -torch.log_softmax(_sim(a, b) / t, dim=0).diagonal().mean(), "transposed similarity"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)), reduction="sum"), "sums over the rows"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)).flip(0)), "labels reversed"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.zeros(len(a), dtype=torch.long)), "expected"),
+    pytest.param(lambda a, b, t: float(good_info_nce(a, b, t)), "training needs a tensor",
+                 marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")),
+    (lambda a, b, t: good_info_nce(a, b, t).detach(), "no gradient"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)), reduction="none"), "a loss is one number"),
+    (lambda a, b, t: F.mse_loss(F.normalize(a, dim=1), F.normalize(b, dim=1)), "expected"),
+    (lambda a, b, t: good_info_nce(a, b, 0.1), "expected"),  # a temperature typed in
+])
+def test_info_nce_rejects(answer, reason):
+    rejects(lab10.check_info_nce, answer, match=reason)

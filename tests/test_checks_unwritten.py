@@ -79,6 +79,7 @@ CASES = {
     "10 shared_row_fraction": (lab10.check_shared_row_fraction, [stub("shared_row_fraction")], "shared_row_fraction"),
     "10 table_choice": (lab10.check_table_choice, [stub("choose_table"), None, 12 * 1024, 0.01], "choose_table"),
     "10 shard_of": (lab10.check_shard_of, [stub("shard_of")], "shard_of"),
+    "10 info_nce": (lab10.check_info_nce, [stub("info_nce")], "info_nce"),
 }
 
 

@@ -148,3 +148,58 @@ def test_sharded_managed_collisions_remap_as_unsharded_blocks_and_route_by_input
             assert bool((lab10.shard_of(owned, hash_size, 2) == rank).all())
         sizes = [len(p["residents"]) for p in parts]
         assert sizes == ([7, 0] if hash_size == 2**63 - 1 else [7, 7])
+
+
+# ------------------------------------------------------------------------------------------ cold start
+
+
+def test_content_models_and_alignment(log):
+    from course_lib import coldstart
+
+    results = {}
+    for mode, align in (("ids", None), ("joint", None), ("fallback", None), ("fallback", coldstart.reference_info_nce)):
+        torch.manual_seed(0)
+        results[mode, align is not None] = coldstart.run_cold_start(coldstart.ContentClickModel(log, mode), log, align=align)
+    ids, joint = results["ids", False], results["joint", False]
+    # the content carries the new items' planted effects: joint training lifts their AUC well above the miss row's
+    assert joint.new_auc > ids.new_auc + 0.03
+    # an unaligned fallback projection is untrained; InfoNCE makes it stand in for the id embedding
+    assert results["fallback", True].new_auc > results["fallback", False].new_auc + 0.03
+    with pytest.raises(ValueError, match="mode must be one of"):
+        coldstart.ContentClickModel(log, "both")
+
+
+def test_fallback_uses_content_exactly_for_items_the_table_does_not_hold(log):
+    from course_lib import coldstart
+
+    model = coldstart.ContentClickModel(log, "fallback")
+    split = log.days[0]
+    model.train()
+    model(split.kjt(0, 64), split.dense[:64])  # admits the batch's ids
+    features = split.kjt(0, 128)
+    model.eval()
+    _, item_id, content, misses = model.parts(features)
+    vector = model.item_vector(item_id, content, misses)
+    admitted = torch.isin(features["item"].values(), split.ids["item"][0][:64])
+    assert torch.equal(misses, ~admitted)
+    assert torch.equal(vector[misses], content[misses]) and torch.equal(vector[~misses], item_id[~misses])
+
+
+def test_reference_info_nce_is_lowest_when_each_id_matches_its_own_content():
+    from course_lib import coldstart
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 8, generator=g)
+    matched = coldstart.reference_info_nce(a, a, 0.1)
+    shuffled = coldstart.reference_info_nce(a, a[torch.randperm(16, generator=g)], 0.1)
+    assert matched < 0.1 < shuffled
+
+
+def test_new_ids_learning_curve_rises_from_the_miss_row(log):
+    from course_lib import coldstart
+
+    curve = coldstart.new_id_learning_curve(log, "rowwise_adagrad", 0.2, day=2, every=4)
+    assert curve["step"][:3] == [0, 4, 8]
+    assert curve["new items"][-1] > curve["new items"][0] + 0.02
+    with pytest.raises(ValueError, match="kind must be"):
+        coldstart.new_id_learning_curve(log, "adam", 0.1, day=1)

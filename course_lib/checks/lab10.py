@@ -216,3 +216,65 @@ def check_shard_of(shard_of_answer: Callable[[torch.Tensor, int, int], Any]) -> 
         fail(f"shard_of disagrees with TorchRec on {wrong} of {len(ids)} ids ({case})",
              "rank = id // ceil(input_hash_size / world_size)")
     passed("shard_of routes ids as TorchRec's row-wise input distribution does (5 cases, uneven blocks included)")
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def _info_nce_mistakes(a: torch.Tensor, b: torch.Tensor, t: float) -> dict[str, torch.Tensor]:
+    """What plausible mistakes compute on (a, b, t), with what each mistake is."""
+    from torch.nn import functional as F
+
+    na, nb = F.normalize(a, dim=1), F.normalize(b, dim=1)
+    labels = torch.arange(len(a))
+    sim = na @ nb.T
+    return {
+        "ignores the temperature (divide the similarities by it)": F.cross_entropy(sim, labels),
+        "multiplies by the temperature instead of dividing": F.cross_entropy(sim * t, labels),
+        "scores content against ids (a transposed similarity matrix, or a softmax over each column): each id row "
+        "must choose among the content rows": F.cross_entropy(sim.T / t, labels),
+        "averages both directions: this exercise asks for ids -> content only": (
+            F.cross_entropy(sim / t, labels) + F.cross_entropy(sim.T / t, labels)) / 2,
+        "uses raw dot products: normalize both sides first (cosine similarity)": F.cross_entropy(a @ b.T / t, labels),
+        "normalizes the wrong axis (dim=0): normalize each embedding, that is each row": F.cross_entropy(
+            F.normalize(a, dim=0) @ F.normalize(b, dim=0).T / t, labels),
+        "sums over the rows instead of averaging": F.cross_entropy(sim / t, labels, reduction="sum"),
+        "has the labels reversed: row i's positive is content row i": F.cross_entropy(sim / t, labels.flip(0)),
+    }
+
+
+@exercise
+def check_info_nce(info_nce: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> None:
+    """`info_nce(id_emb, content_emb, temperature)`: a scalar tensor, InfoNCE from ids to content."""
+    from course_lib.coldstart import reference_info_nce
+
+    g = torch.Generator().manual_seed(12)
+    cases = [(torch.randn(7, 5, generator=g), torch.randn(7, 5, generator=g), 0.1),
+             (torch.randn(12, 8, generator=g) * 3, torch.randn(12, 8, generator=g), 0.5)]
+    for a, b, t in cases:
+        a_in, b_in = a.clone().requires_grad_(), b.clone().requires_grad_()
+        try:
+            got = info_nce(a_in, b_in, t)
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"info_nce raised {one_line(error)} on {len(a)} pairs of width {a.shape[1]}")
+        if not isinstance(got, torch.Tensor):
+            fail(f"info_nce returned a {type(got).__name__}: training needs a tensor to backpropagate through",
+                 "return the loss tensor itself, not .item() or float(...)")
+        if got.numel() != 1:
+            fail(f"info_nce returned shape {tuple(got.shape)}: a loss is one number", "average over the rows")
+        if not got.requires_grad:
+            fail("info_nce returned a tensor with no gradient: it was detached from the embeddings",
+                 "compute it from id_emb and content_emb with torch operations")
+        want = reference_info_nce(a, b, t)
+        value = float(got.detach())
+        if math.isclose(value, float(want), rel_tol=1e-5, abs_tol=1e-6):
+            continue
+        for mistake, wrong in _info_nce_mistakes(a, b, t).items():
+            if math.isclose(value, float(wrong), rel_tol=1e-5, abs_tol=1e-6):
+                fail(f"info_nce gave {value:.4f}, expected {float(want):.4f}: it {mistake}")
+        fail(f"info_nce gave {value:.4f} on {len(a)} pairs at temperature {t}, expected {float(want):.4f}",
+             "cosine similarities of every id row with every content row, divided by the temperature; "
+             "cross-entropy of each row against its own index, averaged")
+    passed("info_nce: cosine similarities / temperature, ids choose among content rows, averaged "
+           "(2 fresh cases, gradients flow)")
