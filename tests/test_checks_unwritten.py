@@ -8,7 +8,7 @@ import cloudpickle
 import pytest
 
 from course_lib import LaunchError, launch
-from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab04, lab05, lab06, lab07, lab08, lab09
+from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -61,6 +61,8 @@ CASES = {
     "02 kjt_from_samples": (lab02.check_kjt_from_samples, [stub("kjt_from_samples")], "kjt_from_samples"),
     "02 pooled_width": (lab02.check_pooled_width, [stub("pooled_width")], "pooled_width"),
     "02 fixed_model": (lab02.check_fixed_model, [stub("FixedRecModel")], "FixedRecModel"),
+    "03 row_wise": (lab03.check_row_wise, [stub("row_wise_item_plan"), stub("shard_rows")], "row_wise_item_plan"),
+    "03 steering": (lab03.check_steering, [stub("steering_constraints"), stub("hosts_of")], "steering_constraints"),
     "04 wrap": (lab04.check_wrap, [stub("wrap"), per_table()], "wrap"),
     "04 train_step": (lab04.check_train_step, [stub("train_step")], "train_step"),
     "04 auc_gap": (lab04.check_auc_gap, [stub("auc_gap")], "auc_gap"),
