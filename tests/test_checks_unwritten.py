@@ -58,6 +58,7 @@ CASES = {
     "00 first_group": (lab00.check_first_group, [stub("first_group")], "first_group"),
     "01 route_ids": (lab01.check_route_ids, [stub("route_ids")], "route_ids"),
     "01 global_mean": (lab01.check_global_mean, [stub("global_mean")], "global_mean"),
+    "01 slice_of_sum": (lab01.check_slice_of_sum, [stub("my_slice_of_sum")], "my_slice_of_sum"),
     "02 kjt_from_samples": (lab02.check_kjt_from_samples, [stub("kjt_from_samples")], "kjt_from_samples"),
     "02 pooled_width": (lab02.check_pooled_width, [stub("pooled_width")], "pooled_width"),
     "02 fixed_model": (lab02.check_fixed_model, [stub("FixedRecModel")], "FixedRecModel"),
