@@ -61,6 +61,7 @@ CASES = {
     "01 slice_of_sum": (lab01.check_slice_of_sum, [stub("my_slice_of_sum")], "my_slice_of_sum"),
     "02 kjt_from_samples": (lab02.check_kjt_from_samples, [stub("kjt_from_samples")], "kjt_from_samples"),
     "02 pooled_width": (lab02.check_pooled_width, [stub("pooled_width")], "pooled_width"),
+    "02 word_tables": (lab02.check_word_tables, [stub("word_tables")], "word_tables"),
     "02 fixed_model": (lab02.check_fixed_model, [stub("FixedRecModel")], "FixedRecModel"),
     "03 row_wise": (lab03.check_row_wise, [stub("row_wise_item_plan"), stub("shard_rows")], "row_wise_item_plan"),
     "03 steering": (lab03.check_steering, [stub("steering_constraints"), stub("hosts_of")], "steering_constraints"),
