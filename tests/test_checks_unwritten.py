@@ -55,6 +55,7 @@ def per_table() -> dict[str, Any]:
 # Where the stub is called: the check's process (lab 02, 04 auc_gap, 05 state_bytes, 09), a launched rank
 # (00, 04 wrap, 05, 06, 07, 08), or the check's own `except` (lab 02's "raised ..." reports).
 CASES = {
+    "00 install_plan": (lab00.check_install_plan, [stub("install_plan")], "install_plan"),
     "00 first_group": (lab00.check_first_group, [stub("first_group")], "first_group"),
     "01 route_ids": (lab01.check_route_ids, [stub("route_ids")], "route_ids"),
     "01 global_mean": (lab01.check_global_mean, [stub("global_mean")], "global_mean"),
