@@ -354,3 +354,41 @@ def sequence_configs(vocab_size, dim, budget_bytes):
 def test_word_tables_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab02.check_word_tables(wrong)
+
+
+def kjt_sorted_keys(samples, keys):
+    return kjt_key_major(samples, sorted(keys))
+
+
+def kjt_one_per_sample(samples, keys):
+    return [kjt_key_major([sample], keys) for sample in samples]
+
+
+def kjt_wrong_stride(samples, keys):
+    built = kjt_key_major(samples, keys)
+    return KeyedJaggedTensor(keys=list(keys), values=built.values(), lengths=built.lengths(), stride=len(keys))
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (kjt_sorted_keys, "order from the `keys` argument"),
+        (kjt_one_per_sample, "return a torchrec.KeyedJaggedTensor"),
+        (kjt_wrong_stride, "batch size"),
+    ],
+)
+def test_kjt_check_rejects_more_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_kjt_from_samples(wrong)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda tables: len(tables) * tables[0].embedding_dim, "pooled_width gave 32, but the EBC's .values\\(\\) is 24 wide"),
+        (lambda tables: sum(t.embedding_dim for t in tables) * max(len(t.feature_names) for t in tables), "is 20 wide"),
+    ],
+)
+def test_width_check_rejects_more_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_pooled_width(wrong)

@@ -66,6 +66,8 @@ def short_last_shard(topology):
         (one_type("data_parallel"), "sharded data_parallel"),
         (lambda topology: planned(topology, {"user": ParameterConstraints(sharding_types=["row_wise"])}), "not row_wise"),
         (lambda topology: FIXED, "plan on the topology you are given"),  # ignores its argument
+        (lambda topology: planned(topology, {t.name: ParameterConstraints(sharding_types=["row_wise"]) for t in TABLES}),
+         "leave the other tables to the planner"),  # every table row-wise
         (dropped_shard, "are in no shard"),
         (short_last_shard, "cover rows 0:"),
         (lambda topology: row_wise_item_plan(topology).plan[""], "not a ShardingPlan"),

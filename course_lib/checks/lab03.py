@@ -116,6 +116,26 @@ def _judge_row_wise(plan: Any, tables: Sequence[EmbeddingBagConfig], table: str,
     return [s.rows for s in pieces]
 
 
+def _judge_others_left_alone(plan: Any, topology: Any, tables: Sequence[EmbeddingBagConfig], table: str, what: str) -> None:
+    """The tables other than `table` are placed as the planner places them when only `table` is constrained."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+
+    planner = EmbeddingShardingPlanner(topology=topology, constraints={table: ParameterConstraints(sharding_types=["row_wise"])})
+    reference = planning._module_plan(planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()]))
+    mine = planning._module_plan(plan)
+    moved = [
+        f"{name} ({mine[name].sharding_type}, the planner alone: {sharding.sharding_type})"
+        for name, sharding in reference.items()
+        if name != table and name in mine and mine[name].sharding_type != sharding.sharding_type
+    ]
+    if moved:
+        fail(
+            f"for {what}, other tables are not where the planner puts them: {', '.join(moved)}",
+            f"constrain {table!r} only, and leave the other tables to the planner",
+        )
+
+
 def _judge_shard_rows(shard_rows: Any, plan: Any, table: str, expected: list[int], what: str) -> None:
     from course_lib.checks import one_line, raise_if_unwritten
 
@@ -170,6 +190,7 @@ def check_row_wise(
             raise_if_unwritten(error)
             fail(f"row_wise_item_plan raised {one_line(error)} for {what}", "plan with EmbeddingShardingPlanner(topology=topology, constraints=...)")
         expected = _judge_row_wise(plan, tables, table, topology.world_size, what)
+        _judge_others_left_alone(plan, topology, tables, table, what)
         _judge_shard_rows(shard_rows, plan, table, expected, what)
         found.append(expected)
         shuffled = copy.deepcopy(plan)
