@@ -37,7 +37,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["Collective", "CollectiveLog", "collectives", "table", "summary", "OPS"]
+__all__ = ["Collective", "CollectiveLog", "collectives", "table", "summary", "groups", "OPS"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Collective:
     bytes_out: int
     group_size: int
     operator: str  # the dispatcher operator that ran, e.g. "c10d.alltoall_base_"
+    group_ranks: tuple[int, ...] = ()  # the global ranks of its process group, e.g. (0, 2)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,25 +119,34 @@ def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound
 
 
-def _group_size(bound: dict[str, Any]) -> int:
-    """The number of ranks in the group the collective ran on (a sub-group's size, not the world's)."""
-    if "group_size" in bound:
-        return int(bound["group_size"])
-    group = bound.get("process_group")
-    if group is not None:
-        # c10d operators receive the group as a TorchScript object (no Python methods): unbox it.
-        if isinstance(group, torch.ScriptObject):
-            from torch.distributed import ProcessGroup
-
-            group = ProcessGroup.unbox(group)
-        return int(group.size())
-    if "group_name" in bound:
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        return int(_resolve_process_group(bound["group_name"]).size())
+def _group(bound: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+    """The size of the group the collective ran on (a sub-group's size, not the world's) and its global ranks
+    (empty where they cannot be known)."""
     import torch.distributed as dist
 
-    return dist.get_world_size() if dist.is_initialized() else 1
+    group = bound.get("process_group")
+    if group is not None and isinstance(group, torch.ScriptObject):
+        # c10d operators receive the group as a TorchScript object (no Python methods): unbox it.
+        group = dist.ProcessGroup.unbox(group)
+    elif group is None and "group_name" in bound:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        group = _resolve_process_group(bound["group_name"])
+    if group is None and dist.is_initialized():
+        group = dist.group.WORLD
+    ranks: tuple[int, ...] = ()
+    if group is not None:
+        try:
+            ranks = tuple(dist.get_process_group_ranks(group))
+        except (RuntimeError, ValueError, KeyError):  # a group the Python side does not know
+            ranks = ()
+    if "group_size" in bound:
+        size = int(bound["group_size"])
+    elif group is not None:
+        size = int(group.size())
+    else:
+        size = 1
+    return size, ranks
 
 
 def _describe(func: Any, args: tuple, kwargs: dict, result: Any, phase: str) -> Collective | None:
@@ -155,6 +165,7 @@ def _describe(func: Any, args: tuple, kwargs: dict, result: Any, phase: str) -> 
         else:
             outputs += _tensors(bound.get(name))
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in inputs + outputs})
+    group_size, group_ranks = _group(bound)
     return Collective(
         op=op,
         phase=phase,
@@ -163,8 +174,9 @@ def _describe(func: Any, args: tuple, kwargs: dict, result: Any, phase: str) -> 
         out_shapes=tuple(tuple(t.shape) for t in outputs),
         bytes_in=sum(t.numel() * t.element_size() for t in inputs),
         bytes_out=sum(t.numel() * t.element_size() for t in outputs),
-        group_size=_group_size(bound),
+        group_size=group_size,
         operator=operator,
+        group_ranks=group_ranks,
     )
 
 
@@ -275,4 +287,36 @@ def summary(records_by_rank: Sequence[Sequence[Collective]] | Sequence[Collectiv
         row["calls per rank"] = str(calls[0]) if len(set(calls)) == 1 else "/".join(map(str, calls))
         out.append(row)
     columns = ["phase", "collective", "dtype", "calls per rank", "bytes in", "bytes out"]
+    return pd.DataFrame(out, columns=columns)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return "{" + ",".join(map(str, ranks)) + "}"
+
+
+def groups(
+    records_by_rank: Sequence[Sequence[Collective]] | Sequence[Collective], ranks_per_host: int | None = None
+) -> "pandas.DataFrame":  # noqa: F821
+    """One row per (phase, collective, dtype), in the order they first ran: the process groups it ran on.
+
+    "groups" lists each distinct group (its global ranks) that such a call ran on, over all ranks, e.g.
+    ``{0,1} {2,3}``. With `ranks_per_host` (torchrun's ``LOCAL_WORLD_SIZE``: rank r is on host
+    ``r // ranks_per_host``), "crosses hosts" says whether any of those groups holds ranks of two hosts.
+    """
+    import pandas as pd
+
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for records in _by_rank(records_by_rank):
+        for r in records:
+            row = rows.setdefault((r.phase, r.op, r.dtype), {"phase": r.phase, "collective": r.op, "dtype": r.dtype, "groups": []})
+            if r.group_ranks not in row["groups"]:
+                row["groups"].append(r.group_ranks)
+    out = []
+    for row in rows.values():
+        found = sorted(row["groups"], key=lambda g: (len(g), g))
+        row["groups"] = " ".join(_ranks_text(g) if g else "?" for g in found)
+        if ranks_per_host is not None:
+            row["crosses hosts"] = any(len({rank // ranks_per_host for rank in g}) > 1 for g in found)
+        out.append(row)
+    columns = ["phase", "collective", "dtype", "groups"] + (["crosses hosts"] if ranks_per_host is not None else [])
     return pd.DataFrame(out, columns=columns)

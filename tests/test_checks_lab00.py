@@ -91,3 +91,121 @@ def test_first_group_check_rejects_wrong_answers(wrong, words):
 def test_check_failure_renders_as_two_lines_in_ipython():
     err = CheckFailed("wrong", "look here")
     assert err._render_traceback_() == ["✗ wrong", "  hint: look here"]
+
+
+@pytest.mark.parametrize(
+    "answers, words",
+    [
+        ({"A": 3, "B": 2, "C": 5}, "report A: fix 3 does not cure it"),  # A and B swapped
+        ({"A": 2, "B": 2, "C": 5}, "report B: fix 2"),
+        ({"A": 2, "B": 3, "C": "5"}, "not one of the fix numbers"),
+        ({"a": 2, "b": 3, "c": 5}, "must map each"),
+        ([2, 3, 5], "must map each"),
+    ],
+)
+def test_fix_check_rejects_more_wrong_answers(answers, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab00.check_fixes(answers)
+
+
+def from_the_world_size():
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    return {"rank": dist.get_rank(), "world_size": n, "rank_sum": n * (n - 1) / 2}
+
+
+def typed_in():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world_size": 2, "rank_sum": 1.0}
+
+
+def by_max():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "rank_sum": t.item()}
+
+
+def by_all_gather():
+    import torch.distributed as dist
+
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, dist.get_rank())
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "rank_sum": float(sum(ranks))}
+
+
+def only_rank_0_reduces():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "rank_sum": t.item()}
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (from_the_world_size, "ran no collective"),
+        (typed_in, "reported itself as rank 0 of 2"),
+        (by_max, "ReduceOp.MAX"),
+        (by_all_gather, "ran all_gather_object"),
+    ],
+)
+def test_first_group_check_rejects_more_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab00.check_first_group(wrong)
+
+
+def test_first_group_check_ends_a_hang():
+    with pytest.raises(CheckFailed, match="failed on 2 ranks"):
+        lab00.check_first_group(only_rank_0_reduces, timeout=10)
+
+
+# ------------------------------------------------------------------------- exercise 2: install_plan
+
+
+def install_plan(facts):
+    if facts.gpu_count > 0:
+        return {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
+    return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
+
+
+def test_install_plan_check_accepts_the_solution(capsys):
+    lab00.check_install_plan(install_plan)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_every_machine_is_broken_before_the_fix():
+    for facts in lab00.broken_machines().values():
+        backend, world_size = lab00._backend_for(facts)
+        assert lab00.doctor(backend=backend, world_size=world_size, facts=facts).problems
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda facts: {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}, "GPU node needs a CUDA build"),
+        (lambda facts: {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}, "laptop's CPU torch needs fbgemm-gpu-cpu"),
+        (lambda facts: {**install_plan(facts), "torchrec": "1.9.0"}, "move together"),
+        (lambda facts: {**install_plan(facts), "torch": facts.torch_version}, "move together"),  # keeps the old torch
+        (lambda facts: {**install_plan(facts), "fbgemm-gpu": "1.8.0", "fbgemm-gpu-cpu": "1.8.0"}, "keep one fbgemm"),
+        (lambda facts: {k: v for k, v in install_plan(facts).items() if k != "torchrec"}, "still needs torchrec"),
+        (lambda facts: {"torch": "2.13.0+cu126", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"} if facts.gpu_count else install_plan(facts),
+         "fbgemm-gpu-cpu cannot"),
+        (lambda facts: {**install_plan(facts), "torch": "2.13.0"}, "does not say which build"),
+        (lambda facts: "pip install torch==2.13.0 fbgemm-gpu-cpu==1.8.0", "returned a str"),
+        (lambda facts: {"torch": "2.13.0+cpu", "fbgemm_gpu": "1.8.0", "torchrec": "1.8.0"}, "names \\['fbgemm_gpu'\\]"),
+    ],
+)
+def test_install_plan_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab00.check_install_plan(wrong)

@@ -219,3 +219,148 @@ def test_mean_check_accepts_a_one_element_tensor(capsys):
 def test_mean_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab01.check_global_mean(wrong)
+
+
+def mean_by_gathering_values(x):
+    everything = [None] * dist.get_world_size()
+    dist.all_gather_object(everything, x.tolist())
+    values = [v for part in everything for v in part]
+    return sum(values) / len(values)
+
+
+def mean_reduced_to_rank_0(x):
+    t = torch.stack([x.sum(), torch.tensor(float(x.numel()))])
+    dist.reduce(t, dst=0)
+    return (t[0] / t[1]).item()
+
+
+def mean_returns_the_pair(x):
+    t = torch.stack([x.sum(), torch.tensor(float(x.numel()))])
+    dist.all_reduce(t)
+    return t
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (mean_by_gathering_values, r"used all_gather_object: every rank received every rank's data"),
+        (mean_reduced_to_rank_0, r"rank 1 returned"),
+        (mean_returns_the_pair, r"return one number"),
+    ],
+)
+def test_mean_check_rejects_more_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab01.check_global_mean(wrong)
+
+
+# ---------------------------------------------------------------------------- my_slice_of_sum
+
+
+def slice_by_reduce_scatter(x):
+    p, r = dist.get_world_size(), dist.get_rank()
+    pieces = list(torch.tensor_split(x, p))
+    out = torch.empty_like(pieces[r])
+    dist.reduce_scatter(out, pieces)
+    return out
+
+
+def slice_by_all_to_all(x):
+    p, r = dist.get_world_size(), dist.get_rank()
+    sizes = [piece.numel() for piece in torch.tensor_split(x, p)]
+    received = torch.empty(p * sizes[r])
+    dist.all_to_all_single(received, x, [sizes[r]] * p, sizes)
+    return received.view(p, sizes[r]).sum(0)
+
+
+def slice_by_list_all_to_all(x):  # gloo's list form wants equal tensors: fails on 3 ranks, 10 values
+    p, r = dist.get_world_size(), dist.get_rank()
+    pieces = [piece.contiguous() for piece in torch.tensor_split(x, p)]
+    received = [torch.empty_like(pieces[r]) for _ in range(p)]
+    dist.all_to_all(received, pieces)
+    return torch.stack(received).sum(0)
+
+
+def slice_by_all_reduce(x):
+    total = x.clone()
+    dist.all_reduce(total)
+    return torch.tensor_split(total, dist.get_world_size())[dist.get_rank()]
+
+
+def slice_by_all_gather(x):
+    gathered = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, x)
+    return torch.tensor_split(torch.stack(gathered).sum(0), dist.get_world_size())[dist.get_rank()]
+
+
+def slice_without_communication(x):
+    return torch.tensor_split(x, dist.get_world_size())[dist.get_rank()]
+
+
+def slice_the_whole_sum(x):
+    total = x.clone()
+    dist.all_reduce(total)
+    return total
+
+
+def slice_by_chunk(x):
+    p, r = dist.get_world_size(), dist.get_rank()
+    total = x.clone()
+    dist.all_reduce(total)
+    pieces = torch.chunk(total, p)
+    return pieces[r] if r < len(pieces) else total[:0]
+
+
+def slice_of_the_next_rank(x):
+    p, r = dist.get_world_size(), dist.get_rank()
+    pieces = list(torch.tensor_split(x, p))
+    out = torch.empty_like(pieces[r])
+    dist.reduce_scatter(out, pieces[1:] + pieces[:1])  # every slice sent one rank too far
+    return out
+
+
+def slice_averaged(x):
+    return slice_by_reduce_scatter(x) / dist.get_world_size()
+
+
+def slice_single_assumes_even(x):
+    p = dist.get_world_size()
+    out = torch.empty(x.numel() // p)
+    dist.reduce_scatter_single(out, x)
+    return out
+
+
+def slice_via_rank_0(x):  # funnels the whole sum through rank 0; gloo's scatter then wants equal slices
+    p, r = dist.get_world_size(), dist.get_rank()
+    total = x.clone()
+    dist.reduce(total, dst=0)
+    out = torch.empty_like(torch.tensor_split(x, p)[r])
+    dist.scatter(out, [piece.contiguous() for piece in torch.tensor_split(total, p)] if r == 0 else None, src=0)
+    return out
+
+
+def test_slice_check_accepts_reduce_scatter_and_all_to_all(capsys):
+    lab01.check_slice_of_sum(slice_by_reduce_scatter)
+    assert capsys.readouterr().out.startswith("✓")
+    lab01.check_slice_of_sum(slice_by_all_to_all)
+    assert "all_to_all" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (slice_by_all_reduce, r"by all_reduce: every rank received the whole sum"),
+        (slice_by_all_gather, r"by all_gather: every rank received every rank's whole tensor"),
+        (slice_without_communication, r"its own slice of its own tensor"),
+        (slice_the_whole_sum, r"returned the whole sum"),
+        (slice_by_chunk, r"torch.chunk gives \[4, 4, 2\]"),
+        (slice_of_the_next_rank, r"returned slice 1 of the sum"),
+        (slice_averaged, r"the mean, not the sum"),
+        (slice_single_assumes_even, r"failed on 3 ranks(.|\n)*tensor_split"),
+        (slice_by_list_all_to_all, r"failed on 3 ranks(.|\n)*all_to_all_single"),
+        (slice_via_rank_0, r"failed on 3 ranks(.|\n)*wants equal"),
+        (lambda x: x.tolist(), r"returned a list"),
+    ],
+)
+def test_slice_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab01.check_slice_of_sum(wrong)

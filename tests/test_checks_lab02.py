@@ -160,6 +160,66 @@ class Flattened(Fixed):  # one logit per sample, but [B] instead of [B, 1]
         return self.linear(self.ebc(x).values()).squeeze(1)
 
 
+class SourceExact(Seed):  # the source text's forward: torch.cat(..., dim=1) over the rows
+    def forward(self, x):
+        return self.linear(torch.cat([emb for emb in self.ebc(x).values()], dim=1))
+
+
+class WiderTables(Fixed):  # makes 512 fit by doubling the tables' dim
+    def __init__(self):
+        super().__init__()
+        tables = [EmbeddingBagConfig(name=t.name, embedding_dim=256, num_embeddings=10_000, feature_names=t.feature_names) for t in _tables()]
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+        self.linear = torch.nn.Linear(512, 1)
+
+
+class SmallerTables(Fixed):  # fewer rows: ids up to 9,999 no longer have one
+    def __init__(self):
+        super().__init__()
+        tables = [EmbeddingBagConfig(name=t.name, embedding_dim=128, num_embeddings=1_000, feature_names=t.feature_names) for t in _tables()]
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+
+
+class PaddedTo512(Seed):  # keeps Linear(512) and pads the features with zeros
+    def forward(self, x):
+        return self.linear(torch.nn.functional.pad(self.ebc(x).values(), (0, 256)))
+
+
+class RepeatedTo512(Seed):  # keeps Linear(512) and feeds the features twice
+    def forward(self, x):
+        values = self.ebc(x).values()
+        return self.linear(torch.cat([values, values], dim=1))
+
+
+class SummedFeatures(Fixed):  # adds user and item vectors: 128 wide, both tables get gradients
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(128, 1)
+
+    def forward(self, x):
+        return self.linear(sum(self.ebc(x).to_dict().values()))
+
+
+class ReshapedTo512(Seed):  # reshapes the batch to fit the Linear
+    def forward(self, x):
+        return self.linear(self.ebc(x).values().reshape(-1, 512))
+
+
+class Detached(Fixed):  # the tables never learn
+    def forward(self, x):
+        return self.linear(self.ebc(x).values().detach())
+
+
+class PerFeature(Fixed):  # the other right answer: per-feature tensors, concatenated on dim 1
+    def forward(self, x):
+        return self.linear(torch.cat(list(self.ebc(x).to_dict().values()), dim=1))
+
+
+def test_model_check_accepts_per_feature_concatenation(capsys):
+    lab02.check_fixed_model(PerFeature)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def test_model_check_accepts_the_solution(capsys):
     lab02.check_fixed_model(Fixed)
     assert capsys.readouterr().out.startswith("✓")
@@ -180,6 +240,14 @@ def test_model_check_accepts_the_library_model(capsys):
         (OnlyRowsFixed, r"3x256 and 512x1\)\nhint: the EBC gives 256"),
         (OneTable, "does not reach table 'item_table'"),
         (Flattened, r"output \(3,\), expected \(3, 1\)"),
+        (SourceExact, r"(?s)Dimension out of range.*1-D rows"),
+        (WiderTables, r"tables changed"),
+        (SmallerTables, r"tables changed"),
+        (PaddedTo512, r"no Linear takes 256 inputs"),
+        (RepeatedTo512, r"no Linear takes 256 inputs"),
+        (SummedFeatures, r"no Linear takes 256 inputs"),
+        (ReshapedTo512, r"reshaping the batch to fit the Linear mixes samples"),
+        (Detached, r"does not reach table"),
     ],
 )
 def test_model_check_rejects_wrong_answers(wrong, words):
@@ -199,3 +267,128 @@ def test_rec_batch_is_key_major_and_deterministic():
     kjt = lab02.rec_batch(3)
     assert kjt.keys() == ["user_id", "item_id"] and kjt.stride() == 3
     assert torch.equal(kjt.values(), lab02.rec_batch(3).values())
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def shared_table(vocab_size, dim, budget_bytes):
+    return [EmbeddingBagConfig(name="t_word", num_embeddings=vocab_size, embedding_dim=dim, feature_names=["query", "title"])]
+
+
+def two_tables(vocab_size, dim, budget_bytes):
+    return [
+        EmbeddingBagConfig(name=f"t_{f}", num_embeddings=vocab_size, embedding_dim=dim, feature_names=[f])
+        for f in ("query", "title")
+    ]
+
+
+def decides_by_budget(vocab_size, dim, budget_bytes):
+    if 2 * vocab_size * dim * 4 <= budget_bytes:
+        return two_tables(vocab_size, dim, budget_bytes)
+    return shared_table(vocab_size, dim, budget_bytes)
+
+
+def test_word_tables_check_accepts_sharing_and_a_budget_aware_choice(capsys):
+    lab02.check_word_tables(shared_table)
+    assert capsys.readouterr().out.startswith("✓")
+    lab02.check_word_tables(decides_by_budget)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def halved_rows(vocab_size, dim, budget_bytes):
+    return [
+        EmbeddingBagConfig(name=f"t_{f}", num_embeddings=vocab_size // 2, embedding_dim=dim, feature_names=[f])
+        for f in ("query", "title")
+    ]
+
+
+def halved_dim(vocab_size, dim, budget_bytes):
+    return [
+        EmbeddingBagConfig(name=f"t_{f}", num_embeddings=vocab_size, embedding_dim=dim // 2, feature_names=[f])
+        for f in ("query", "title")
+    ]
+
+
+def one_feature(vocab_size, dim, budget_bytes):
+    return [EmbeddingBagConfig(name="t_word", num_embeddings=vocab_size, embedding_dim=dim, feature_names=["words"])]
+
+
+def query_only(vocab_size, dim, budget_bytes):
+    return [EmbeddingBagConfig(name="t_word", num_embeddings=vocab_size, embedding_dim=dim, feature_names=["query"])]
+
+
+def typed_in(vocab_size, dim, budget_bytes):  # the lab's numbers, whatever the arguments
+    return shared_table(50_000, 64, 16 * 2**20)
+
+
+def fp16_pair(vocab_size, dim, budget_bytes):
+    from torchrec.types import DataType
+
+    tables = two_tables(vocab_size, dim, budget_bytes)
+    for t in tables:
+        t.data_type = DataType.FP16
+    return tables
+
+
+def sequence_configs(vocab_size, dim, budget_bytes):
+    from torchrec import EmbeddingConfig
+
+    return [EmbeddingConfig(name="t_word", num_embeddings=vocab_size, embedding_dim=dim, feature_names=["query", "title"])]
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (two_tables, r"2 tables hold 24.41 MiB, over the 16.00 MiB budget"),
+        (halved_rows, r"25,000 rows for 50,000 word ids"),
+        (halved_dim, r"each should get dim=64"),
+        (one_feature, r"serve features \['words'\]"),
+        (query_only, r"serve features \['query'\]"),
+        (typed_in, r"word_tables\(30_000"),
+        (fp16_pair, r"FP16"),
+        (sequence_configs, r"not a list of EmbeddingBagConfig"),
+        (lambda v, d, b: None, r"not a list of EmbeddingBagConfig"),
+    ],
+)
+def test_word_tables_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_word_tables(wrong)
+
+
+def kjt_sorted_keys(samples, keys):
+    return kjt_key_major(samples, sorted(keys))
+
+
+def kjt_one_per_sample(samples, keys):
+    return [kjt_key_major([sample], keys) for sample in samples]
+
+
+def kjt_wrong_stride(samples, keys):
+    built = kjt_key_major(samples, keys)
+    return KeyedJaggedTensor(keys=list(keys), values=built.values(), lengths=built.lengths(), stride=len(keys))
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (kjt_sorted_keys, "order from the `keys` argument"),
+        (kjt_one_per_sample, "return a torchrec.KeyedJaggedTensor"),
+        (kjt_wrong_stride, "batch size"),
+    ],
+)
+def test_kjt_check_rejects_more_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_kjt_from_samples(wrong)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda tables: len(tables) * tables[0].embedding_dim, "pooled_width gave 32, but the EBC's .values\\(\\) is 24 wide"),
+        (lambda tables: sum(t.embedding_dim for t in tables) * max(len(t.feature_names) for t in tables), "is 20 wide"),
+    ],
+)
+def test_width_check_rejects_more_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_pooled_width(wrong)

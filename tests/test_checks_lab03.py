@@ -4,108 +4,216 @@ from __future__ import annotations
 import copy
 
 import pytest
-from torchrec import EmbeddingBagConfig
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 
 from course_lib import planning
 from course_lib.checks import CheckFailed, lab03
 
-TABLES = [
-    EmbeddingBagConfig(name=name, embedding_dim=16, num_embeddings=rows, feature_names=[f"{name}_id"])
-    for name, rows in [("user", 4096), ("item", 2048), ("city", 512), ("category", 64)]
-]
-GPU_TOPOLOGY = dict(world_size=8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 1024**3)
+TABLES = lab03.TABLES
+CLUSTER = planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 1024**3)
 
 
-def gpu_plan(constraints=None):
-    planner = EmbeddingShardingPlanner(topology=planning.topology(**GPU_TOPOLOGY), constraints=constraints)
+def planned(topology, constraints):
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     return planner.plan(planning.meta_ebc(TABLES), [EmbeddingBagCollectionSharder()])
 
 
-@pytest.fixture(scope="module")
-def row_wise_plan():
-    return gpu_plan({"item": ParameterConstraints(sharding_types=["row_wise"])})
+# ------------------------------------------------------------------------------------- exercise 1: row-wise
 
 
-# ------------------------------------------------------------------------------------- exercise 1
+def row_wise_item_plan(topology):
+    return planned(topology, {"item": ParameterConstraints(sharding_types=["row_wise"])})
 
 
-def test_row_wise_check_accepts_the_solution(row_wise_plan, capsys):
-    lab03.check_row_wise(row_wise_plan, [256] * 8, TABLES)
+def shard_rows(plan, table):
+    shards = sorted(plan.plan[""][table].sharding_spec.shards, key=lambda shard: shard.shard_offsets[0])
+    return [shard.shard_sizes[0] for shard in shards]
+
+
+def test_row_wise_check_accepts_the_solution(capsys):
+    lab03.check_row_wise(row_wise_item_plan, shard_rows)
     out = capsys.readouterr().out
-    assert out.startswith("✓") and "8 shards of 256 rows" in out
+    assert out.startswith("✓") and "8 shards of 256 rows" in out and "342" in out
 
 
-@pytest.mark.parametrize(
-    "sharding_type, words",
-    [("table_wise", "not row_wise"), ("column_wise", "not row_wise"), ("table_row_wise", "inside one host")],
-)
-def test_row_wise_check_rejects_other_sharding_types(sharding_type, words):
-    plan = gpu_plan({"item": ParameterConstraints(sharding_types=[sharding_type], min_partition=8)})
-    with pytest.raises(CheckFailed, match=words):
-        lab03.check_row_wise(plan, [256] * 8, TABLES)
+def one_type(sharding_type):
+    return lambda topology: planned(topology, {"item": ParameterConstraints(sharding_types=[sharding_type], min_partition=8)})
 
 
-def test_row_wise_check_rejects_shards_that_miss_rows(row_wise_plan):
-    plan = copy.deepcopy(row_wise_plan)
-    del plan.plan[""]["item"].sharding_spec.shards[3]  # rows 768:1024 now in no shard
-    with pytest.raises(CheckFailed, match="rows 768:1024 are in no shard"):
-        lab03.check_row_wise(plan, [256] * 7, TABLES)
+FIXED = row_wise_item_plan(CLUSTER)
 
 
-def test_row_wise_check_rejects_a_short_last_shard(row_wise_plan):
-    plan = copy.deepcopy(row_wise_plan)
+def dropped_shard(topology):
+    plan = row_wise_item_plan(topology)
+    del plan.plan[""]["item"].sharding_spec.shards[3]  # the learner "fixes" the plan by hand: rows now in no shard
+    return plan
+
+
+def short_last_shard(topology):
+    plan = row_wise_item_plan(topology)
     plan.plan[""]["item"].sharding_spec.shards[-1].shard_sizes[0] = 100
-    with pytest.raises(CheckFailed, match="cover rows 0:1892"):
-        lab03.check_row_wise(plan, [256] * 7 + [100], TABLES)
+    return plan
 
 
 @pytest.mark.parametrize(
-    "shard_rows, words",
-    [([2048], "the plan's shards"), ([256] * 4, "the plan's shards"), ("256", "the plan's shards"), (None, "list of ints")],
-)
-def test_row_wise_check_rejects_a_wrong_reading(row_wise_plan, shard_rows, words):
-    with pytest.raises(CheckFailed, match=words):
-        lab03.check_row_wise(row_wise_plan, shard_rows, TABLES)
-
-
-def test_row_wise_check_rejects_what_is_not_a_plan(row_wise_plan):
-    with pytest.raises(CheckFailed, match="not a ShardingPlan"):
-        lab03.check_row_wise(row_wise_plan.plan[""], [256] * 8, TABLES)
-
-
-# ------------------------------------------------------------------------------------- exercise 2
-
-SOLUTION = {"query": 0, "doc": 0, "author": 1, "site": 1, "topic": 1}
-
-
-def test_balance_check_accepts_the_solution(capsys):
-    lab03.check_balanced(SOLUTION)
-    assert capsys.readouterr().out.startswith("✓")
-    lab03.check_balanced({name: 1 - rank for name, rank in SOLUTION.items()})  # the mirror image
-
-
-@pytest.mark.parametrize(
-    "assignment, words",
+    "plan_fn, words",
     [
-        ({"query": 0, "doc": 1, "author": 1, "site": 0, "topic": 0}, "spread 26.7%"),  # greedy, largest first
-        ({name: 0 for name in SOLUTION}, "spread 200.0%"),  # everything on one rank
-        ({"query": 0, "doc": 1, "author": 1, "site": 0}, "drops 'topic'"),
-        ({**SOLUTION, "user": 0}, "do not exist"),
-        ({**SOLUTION, "topic": 2}, "a rank is an int"),
-        ({**SOLUTION, "topic": "1"}, "a rank is an int"),
-        ([("query", 0)], "must be a dict"),
+        (one_type("table_wise"), "sharded table_wise, not row_wise"),
+        (one_type("column_wise"), "sharded column_wise, not row_wise"),
+        (one_type("table_row_wise"), "inside one host"),
+        (one_type("grid_shard"), "sharded grid_shard"),
+        (one_type("data_parallel"), "sharded data_parallel"),
+        (lambda topology: planned(topology, {"user": ParameterConstraints(sharding_types=["row_wise"])}), "not row_wise"),
+        (lambda topology: FIXED, "plan on the topology you are given"),  # ignores its argument
+        (lambda topology: planned(topology, {t.name: ParameterConstraints(sharding_types=["row_wise"]) for t in TABLES}),
+         "leave the other tables to the planner"),  # every table row-wise
+        (dropped_shard, "are in no shard"),
+        (short_last_shard, "cover rows 0:"),
+        (lambda topology: row_wise_item_plan(topology).plan[""], "not a ShardingPlan"),
     ],
 )
-def test_balance_check_rejects_wrong_answers(assignment, words):
+def test_row_wise_check_rejects_wrong_plans(plan_fn, words):
     with pytest.raises(CheckFailed, match=words):
-        lab03.check_balanced(assignment)
+        lab03.check_row_wise(plan_fn, shard_rows)
 
 
-def test_greedy_placement_is_what_the_hint_says():
-    """The exercise is only worth doing if the greedy answer fails it: check the numbers stay that way."""
-    loads = [0, 0]
-    for table in sorted(lab03.BALANCE_TABLES, key=lambda t: -t.num_embeddings):
-        loads[loads.index(min(loads))] += table.num_embeddings
-    assert sorted(loads) == [13000, 17000]
+def in_listed_order(plan, table):
+    return [shard.shard_sizes[0] for shard in plan.plan[""][table].sharding_spec.shards]
+
+
+@pytest.mark.parametrize(
+    "reader, words",
+    [
+        (lambda plan, table: [2048 // 8] * 8, "shards of 'item' have \\[342"),  # the cluster's answer, typed
+        (lambda plan, table: [2048], "shards of 'item' have"),
+        (lambda plan, table: [s.shard_offsets[0] for s in sorted(plan.plan[""][table].sharding_spec.shards, key=lambda s: s.shard_offsets[0])], "first rows"),
+        (in_listed_order, "wrong order"),
+        (lambda plan, table: "256", "shards of 'item' have"),
+        (lambda plan, table: None, "list of ints"),
+        (lambda plan, table: plan.plan[table], "raised KeyError"),
+    ],
+)
+def test_row_wise_check_rejects_wrong_readings(reader, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab03.check_row_wise(row_wise_item_plan, reader)
+
+
+def test_row_wise_check_wants_functions():
+    with pytest.raises(CheckFailed, match="function of the topology"):
+        lab03.check_row_wise(FIXED, shard_rows)
+
+
+# ------------------------------------------------------------------------------------- exercise 2: steering
+
+SOLUTION = {
+    "item": ParameterConstraints(sharding_types=["table_row_wise"]),
+    "user": ParameterConstraints(sharding_types=["row_wise"]),
+}
+
+
+def hosts_of(plan, ranks_per_host):
+    return {name: {rank // ranks_per_host for rank in sharding.ranks} for name, sharding in plan.plan[""].items()}
+
+
+def test_steering_check_accepts_the_solutions(capsys):
+    lab03.check_steering(SOLUTION, hosts_of)
+    assert capsys.readouterr().out.startswith("✓")
+    lab03.check_steering(lambda: SOLUTION, hosts_of)  # as the lab asks: a function that returns them
+    assert capsys.readouterr().out.startswith("✓")
+    columns = {**SOLUTION, "user": ParameterConstraints(sharding_types=["column_wise"], min_partition=4)}
+    lab03.check_steering(columns, hosts_of)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_the_default_plan_breaks_the_budget():
+    """The exercise is only worth doing if the planner left alone fails it (and if steering one table does)."""
+    for constraints in ({}, {"item": SOLUTION["item"]}, {"user": SOLUTION["user"]}):
+        totals = planning.bytes_per_rank(lab03.steer_plan(constraints), TABLES, 4).loc["total"]
+        assert totals.max() > lab03.STEER_BUDGET_BYTES
+
+
+C = ParameterConstraints
+
+
+@pytest.mark.parametrize(
+    "constraints, words",
+    [
+        ({}, "over the 136 KiB budget"),  # the planner left alone
+        ({"item": C(sharding_types=["table_row_wise"])}, "over the 136 KiB budget"),  # only half the decision
+        ({"user": C(sharding_types=["row_wise"])}, "left 'item' to the planner, and it chose data_parallel"),
+        ({"user": C(sharding_types=["column_wise"], min_partition=4)}, "is data_parallel, on hosts \\[0, 1\\]"),
+        ({**SOLUTION, "item": C(sharding_types=["row_wise"])}, "row_wise cuts the rows over every rank"),
+        ({**SOLUTION, "item": C(sharding_types=["data_parallel"])}, "full copy on every rank"),
+        ({**SOLUTION, "item": C(sharding_types=["grid_shard"], min_partition=4)}, "lookups cross hosts"),
+        ({"item": C(sharding_types=["column_wise"], min_partition=4)}, "over the 136 KiB budget"),
+        ({t.name: C(sharding_types=["table_row_wise"]) for t in TABLES}, "rank 0 holds 144 KiB"),
+        ({**SOLUTION, "items": C(sharding_types=["table_row_wise"])}, "do not exist"),
+        ({"item": "table_row_wise", "user": "row_wise"}, "is a str"),
+        ([("item", SOLUTION["item"])], "must be a dict"),
+        (lambda: None, "must be a dict"),  # a function that forgot to return
+    ],
+)
+def test_steering_check_rejects_wrong_constraints(constraints, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab03.check_steering(constraints, hosts_of)
+
+
+def test_steering_check_rejects_a_hand_plan():
+    from torchrec.distributed.sharding_plan import row_wise, table_row_wise, table_wise
+
+    plan = planning.hand_plan(
+        TABLES,
+        {"user": row_wise(), "item": table_row_wise(host_index=0), "city": table_wise(rank=2), "category": table_wise(rank=3)},
+        world_size=4, local_world_size=2, device_type="cuda",
+    )
+    for answer in (plan, plan.plan[""]):
+        with pytest.raises(CheckFailed, match="a plan, not constraints"):
+            lab03.check_steering(answer, hosts_of)
+
+
+def first_shard_only(plan, ranks_per_host):
+    return {name: {sharding.ranks[0] // ranks_per_host} for name, sharding in plan.plan[""].items()}
+
+
+def from_sharding_spec(plan, ranks_per_host):
+    return {
+        name: {shard.placement.rank() // ranks_per_host for shard in sharding.sharding_spec.shards}
+        for name, sharding in plan.plan[""].items()
+    }
+
+
+def skipping_data_parallel(plan, ranks_per_host):
+    return {
+        name: {shard.placement.rank() // ranks_per_host for shard in sharding.sharding_spec.shards}
+        for name, sharding in plan.plan[""].items()
+        if sharding.sharding_spec is not None
+    }
+
+
+@pytest.mark.parametrize(
+    "reader, words",
+    [
+        (lambda plan, n: {k: {r % n for r in s.ranks} for k, s in plan.plan[""].items()}, "LOCAL_RANK"),
+        (lambda plan, n: {k: {r // 2 for r in s.ranks} for k, s in plan.plan[""].items()}, "2 hosts x 4 GPUs"),
+        (lambda plan, n: {k: set(s.ranks) for k, s in plan.plan[""].items()}, "those are ranks, not hosts"),
+        (first_shard_only, "but it is on hosts"),
+        (from_sharding_spec, "no sharding_spec"),
+        (skipping_data_parallel, "left out 'category' \\(data_parallel\\)"),
+        (lambda plan, n: [0, 1], "returned a list"),
+        (lambda plan, n: {k: "host 0" for k in plan.plan[""]}, "set \\(or list\\) of host numbers"),
+    ],
+)
+def test_steering_check_rejects_wrong_hosts_of(reader, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab03.check_steering(SOLUTION, reader)
+
+
+def test_a_second_function_still_unwritten_is_named():
+    def unwritten(*args):
+        raise NotImplementedError()
+
+    with pytest.raises(CheckFailed, match="hosts_of is not written yet"):
+        lab03.check_steering(SOLUTION, unwritten)
+    with pytest.raises(CheckFailed, match="shard_rows is not written yet"):
+        lab03.check_row_wise(row_wise_item_plan, unwritten)

@@ -8,7 +8,7 @@ import cloudpickle
 import pytest
 
 from course_lib import LaunchError, launch
-from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab04, lab05, lab06, lab07, lab08, lab09, lab10
+from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -55,12 +55,17 @@ def per_table() -> dict[str, Any]:
 # Where the stub is called: the check's process (lab 02, 04 auc_gap, 05 state_bytes, 09), a launched rank
 # (00, 04 wrap, 05, 06, 07, 08), or the check's own `except` (lab 02's "raised ..." reports).
 CASES = {
+    "00 install_plan": (lab00.check_install_plan, [stub("install_plan")], "install_plan"),
     "00 first_group": (lab00.check_first_group, [stub("first_group")], "first_group"),
     "01 route_ids": (lab01.check_route_ids, [stub("route_ids")], "route_ids"),
     "01 global_mean": (lab01.check_global_mean, [stub("global_mean")], "global_mean"),
+    "01 slice_of_sum": (lab01.check_slice_of_sum, [stub("my_slice_of_sum")], "my_slice_of_sum"),
     "02 kjt_from_samples": (lab02.check_kjt_from_samples, [stub("kjt_from_samples")], "kjt_from_samples"),
     "02 pooled_width": (lab02.check_pooled_width, [stub("pooled_width")], "pooled_width"),
+    "02 word_tables": (lab02.check_word_tables, [stub("word_tables")], "word_tables"),
     "02 fixed_model": (lab02.check_fixed_model, [stub("FixedRecModel")], "FixedRecModel"),
+    "03 row_wise": (lab03.check_row_wise, [stub("row_wise_item_plan"), stub("shard_rows")], "row_wise_item_plan"),
+    "03 steering": (lab03.check_steering, [stub("steering_constraints"), stub("hosts_of")], "steering_constraints"),
     "04 wrap": (lab04.check_wrap, [stub("wrap"), per_table()], "wrap"),
     "04 train_step": (lab04.check_train_step, [stub("train_step")], "train_step"),
     "04 auc_gap": (lab04.check_auc_gap, [stub("auc_gap")], "auc_gap"),

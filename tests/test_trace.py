@@ -184,7 +184,7 @@ def sub_group_collectives():
         dist.all_reduce(torch.ones(2), group=pair)
         funcol.all_reduce(torch.ones(2), "sum", pair).wait()
         dist.all_reduce(torch.ones(2))  # the whole world
-    return [(r.op, r.group_size) for r in log.records]
+    return [(r.op, r.group_size) for r in log.records], log.records
 
 
 def test_collectives_on_a_sub_group_report_the_sub_group_size():
@@ -193,8 +193,24 @@ def test_collectives_on_a_sub_group_report_the_sub_group_size():
     with warnings.catch_warnings():  # 4 ranks on a 2-core machine: launch warns that they take turns
         warnings.simplefilter("ignore", UserWarning)
         by_rank = launch(sub_group_collectives, world_size=4, show_ranks=[])
-    for records in by_rank:
+    for records, _ in by_rank:
         assert records == [
             ("all_gather", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_reduce", 2), ("all_reduce", 2),
             ("all_reduce", 4),
         ]
+
+
+def test_collectives_on_a_sub_group_report_its_ranks_and_groups_reads_them():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        by_rank = launch(sub_group_collectives, world_size=4, show_ranks=[])
+    for rank, (_, records) in enumerate(by_rank):
+        pair = (0, 1) if rank < 2 else (2, 3)
+        assert [r.group_ranks for r in records] == [pair] * 5 + [(0, 1, 2, 3)]
+    found = trace.groups([records for _, records in by_rank], ranks_per_host=2)
+    assert found["collective"].tolist() == ["all_gather", "reduce_scatter", "all_reduce"]
+    assert found["groups"].tolist() == ["{0,1} {2,3}", "{0,1} {2,3}", "{0,1} {2,3} {0,1,2,3}"]
+    assert found["crosses hosts"].tolist() == [False, False, True]
+    assert "crosses hosts" not in trace.groups([records for _, records in by_rank]).columns

@@ -1,4 +1,5 @@
-"""Checks for 00_setup: read a broken install report, and run a first process group."""
+"""Checks for 00_setup: read a broken install report, decide what to install on a machine (the check installs
+it in simulation and re-runs the doctor), and run a first process group."""
 from __future__ import annotations
 
 import warnings
@@ -6,7 +7,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from course_lib.checks import exercise, fail, passed
-from course_lib.env import EnvFacts, Report, doctor
+from course_lib.env import PINNED_TORCH, EnvFacts, Report, _major_minor, _torch_for, doctor
 
 # A healthy CPU laptop with the course's pins, from which the broken states below are derived.
 HEALTHY_LAPTOP = EnvFacts(
@@ -82,16 +83,163 @@ def check_fixes(answers: Mapping[str, int]) -> None:
     passed("all three diagnoses matched to their fixes")
 
 
+# ------------------------------------------------------------------------- exercise 2: fix and re-run
+
+GPU_NODE = replace(
+    HEALTHY_LAPTOP,
+    torch_version="2.13.0+cu126",
+    torch_cuda="12.6",
+    fbgemm_gpu_version="1.8.0",
+    fbgemm_gpu_cpu_version=None,
+    cuda_available=True,
+    gpu_count=8,
+    nccl_available=True,
+    nccl_version="2.27.5",
+    cpu_count=96,
+)
+PACKAGES = ("torch", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec")
+
+
+def broken_machines() -> dict[str, EnvFacts]:
+    """Broken installs to repair: the three laptops of exercise 1, and three more (two GPU nodes), by label."""
+    reports = broken_reports()
+    return {
+        "A (laptop)": reports["A"].facts,
+        "B (laptop)": reports["B"].facts,
+        "D (laptop, newest torchrec)": replace(
+            HEALTHY_LAPTOP, torchrec_version="1.9.0",
+            torchrec_import_error="ImportError: .../torchrec/distributed/comm_ops.py: undefined symbol",
+        ),
+        "E (GPU node, CPU fbgemm)": replace(GPU_NODE, fbgemm_gpu_version=None, fbgemm_gpu_cpu_version="1.8.0"),
+        "F (GPU node, old torch)": replace(
+            GPU_NODE, torch_version="2.12.1+cu126",
+            fbgemm_import_error="OSError: .../fbgemm_gpu/fbgemm_gpu_py.so: undefined symbol: _ZN3c1017RegisterOperators",
+        ),
+    }
+
+
+def _backend_for(facts: EnvFacts) -> tuple[str, int]:
+    """The group the machine must be able to start afterwards: NCCL on every GPU of a GPU node, else 2 gloo ranks."""
+    return ("nccl", facts.gpu_count) if facts.gpu_count > 0 else ("gloo", 2)
+
+
+def after_install(facts: EnvFacts, installed: Mapping[str, str]) -> EnvFacts:
+    """The machine `facts` after ``pip`` leaves exactly the packages `installed` ({distribution: version}) of
+    the four (``torch``, ``fbgemm-gpu``, ``fbgemm-gpu-cpu``, ``torchrec``) installed: its hardware (GPUs) stays,
+    the imports that would fail fail. A torch version names its build: ``2.13.0+cpu`` or ``2.13.0+cu126``."""
+    torch_version = installed.get("torch")
+    tag = torch_version.partition("+")[2] if torch_version else ""
+    cuda_build = tag.startswith("cu") and len(tag) >= 4
+    torch_cuda = f"{tag[2:-1]}.{tag[-1]}" if cuda_build else None
+    gpus = facts.gpu_count if cuda_build else 0
+    fbgemm_cuda, fbgemm_cpu, torchrec = installed.get("fbgemm-gpu"), installed.get("fbgemm-gpu-cpu"), installed.get("torchrec")
+    fbgemm = fbgemm_cuda if (fbgemm_cuda and cuda_build) or not fbgemm_cpu else fbgemm_cpu
+    fbgemm_error = None
+    if fbgemm_cuda and not cuda_build and not fbgemm_cpu:
+        fbgemm_error = "OSError: Could not load this library: .../site-packages/fbgemm_gpu/fbgemm_gpu_config.so"
+    elif fbgemm and _major_minor(fbgemm) and _torch_for(_major_minor(fbgemm)) != _major_minor(torch_version):
+        fbgemm_error = "OSError: .../fbgemm_gpu/fbgemm_gpu_py.so: undefined symbol: _ZN3c1017RegisterOperators"
+    torchrec_error = None
+    if torchrec and (fbgemm_error or not fbgemm or _major_minor(torchrec) != _major_minor(fbgemm)):
+        torchrec_error = "ImportError: torchrec cannot load fbgemm_gpu's operators"
+    return replace(
+        facts,
+        torch_version=torch_version,
+        torch_cuda=torch_cuda,
+        fbgemm_gpu_version=fbgemm_cuda,
+        fbgemm_gpu_cpu_version=fbgemm_cpu,
+        torchrec_version=torchrec,
+        fbgemm_import_error=fbgemm_error,
+        torchrec_import_error=torchrec_error,
+        torch_import_error=None,
+        cuda_available=gpus > 0,
+        gpu_count=gpus,
+        nccl_available=cuda_build,
+        nccl_version=facts.nccl_version if cuda_build else None,
+    )
+
+
 @exercise
-def check_first_group(first_group: Callable[[], Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """Run `first_group` on 2 and 3 ranks and check what each rank returned."""
+def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
+    """`install_plan(facts)` says which packages a broken machine should end up with; the check installs them
+    in simulation (:func:`after_install`), re-runs the doctor with the group the machine must start (NCCL on a
+    GPU node, gloo on a laptop), and wants no error and no warning, on every machine of :func:`broken_machines`."""
+    from course_lib.checks import one_line
+
+    for label, facts in broken_machines().items():
+        try:
+            plan = install_plan(facts)
+        except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+            fail(f"install_plan raised {one_line(error)} for machine {label}")
+        if not isinstance(plan, Mapping):
+            fail(
+                f"for machine {label}, install_plan returned a {type(plan).__name__}",
+                'return {distribution: version}, e.g. {"torch": "2.13.0+cpu", ...}: the packages the machine ends up with',
+            )
+        unknown = [name for name in plan if name not in PACKAGES]
+        if unknown:
+            fail(f"for machine {label}, install_plan names {unknown}", f"the distributions are {list(PACKAGES)}")
+        torch_version = plan.get("torch")
+        if torch_version is not None and "+" not in str(torch_version):
+            fail(
+                f"for machine {label}, torch {torch_version!r} does not say which build",
+                f"write the build: {PINNED_TORCH}+cpu, or {PINNED_TORCH}+cu126 from the PyTorch index for CUDA 12.6 "
+                "(plain `pip install torch` on Linux gets a CUDA build)",
+            )
+        if facts.gpu_count == 0 and ("+cu" in str(torch_version) or ("fbgemm-gpu" in plan and "fbgemm-gpu-cpu" not in plan)):
+            fail(
+                f"for machine {label} (no GPU), install_plan installs a CUDA build: {dict(plan)}",
+                "with no GPU it only adds gigabytes of CUDA libraries (and the CUDA fbgemm-gpu cannot load on a CPU "
+                "torch): a laptop's CPU torch needs fbgemm-gpu-cpu, torch +cpu",
+            )
+        backend, world_size = _backend_for(facts)
+        report = doctor(backend=backend, world_size=world_size, facts=after_install(facts, plan))
+        problems = [p for p in report.problems if p.code != "python-version"]
+        if problems:
+            first = problems[0]
+            hints = {
+                "nccl-without-gpu": "a GPU node needs a CUDA build of torch (and the CUDA fbgemm-gpu) to run NCCL on its GPUs",
+                "fbgemm-cpu-on-cuda": "on a GPU node, fbgemm-gpu (the CUDA build) runs the tables on the GPUs; fbgemm-gpu-cpu cannot",
+                "fbgemm-cuda-on-cpu": "a laptop's CPU torch needs fbgemm-gpu-cpu: the CUDA fbgemm-gpu cannot load there",
+                "fbgemm-both-installed": "keep one fbgemm: the two builds overwrite each other's files",
+                "version-lockstep": "torchrec 1.Y, fbgemm 1.Y and torch 2.(Y+5) move together: the course pins 1.8 / 1.8 / 2.13",
+                "torchrec-missing": "the machine still needs torchrec (installed with --no-deps)",
+                "fbgemm-missing": "torchrec needs one fbgemm build",
+                "torch-missing": "keep torch",
+            }
+            fail(
+                f"after installing {dict(plan)} on machine {label}, the doctor still says: {first.summary}",
+                hints.get(first.code, first.fix),
+            )
+    passed(f"install_plan repairs all {len(broken_machines())} machines: the doctor finds nothing after each install")
+
+
+@exercise
+def check_first_group(
+    first_group: Callable[[], Any], launch: Callable[..., list[Any]] | None = None, timeout: float = 60.0
+) -> None:
+    """Run `first_group` on 2 and 3 ranks, check what each rank returned and that the sum travelled by one
+    all_reduce (not worked out locally from the world size)."""
+    from course_lib.checks import launch_quietly, one_line
+    from course_lib.checks.lab01 import _call_counting
+    from course_lib.launcher.launch import LaunchError
+
     if launch is None:
         from course_lib import launch
     for world_size in (2, 3):
-        with warnings.catch_warnings():  # 3 ranks on a 2-core laptop is fine for this check
-            warnings.simplefilter("ignore", UserWarning)
-            results = launch(first_group, world_size=world_size, show_ranks=[])
-        for rank, got in enumerate(results):
+        try:
+            outcomes = launch_quietly(launch, _call_counting, first_group, [()] * world_size, world_size=world_size, timeout=timeout)
+        except LaunchError as error:
+            raised = [f for f in error.failures if f.kind == "raised"]
+            if raised and all(f.exc_type == "NotImplementedError" and not f.message.strip() for f in raised):
+                raise
+            text = str(error)
+            hint = "run it yourself to read each rank's traceback: launch(first_group, world_size=2)"
+            if "never finished" in text or "timed out" in text or "Connection closed" in text:
+                hint = "a rank waited in a collective that another rank never called: every rank must call all_reduce"
+            first = error.failures[0].headline() if error.failures else one_line(error)
+            fail(f"first_group failed on {world_size} ranks: {first}", hint)
+        for rank, (got, calls) in enumerate(outcomes):
             if not isinstance(got, dict) or not {"rank", "world_size", "rank_sum"} <= set(got):
                 fail(f"rank {rank} returned {got!r}", "return a dict with keys 'rank', 'world_size', 'rank_sum'")
             if not isinstance(got["rank"], int) or not isinstance(got["world_size"], int):
@@ -102,11 +250,28 @@ def check_first_group(first_group: Callable[[], Any], launch: Callable[..., list
             if (got["rank"], got["world_size"]) != (rank, world_size):
                 fail(f"rank {rank} of {world_size} reported itself as rank {got['rank']} of {got['world_size']}")
             expected = world_size * (world_size - 1) / 2
-            if float(got["rank_sum"]) != expected:
-                hint = (
-                    "each rank only knows its own rank: combine them across ranks with dist.all_reduce"
-                    if float(got["rank_sum"]) == rank
-                    else "all_reduce sums by default (ReduceOp.SUM); do not divide"
-                )
+            try:
+                value = float(got["rank_sum"])
+            except (TypeError, ValueError, RuntimeError):
+                fail(f"rank {rank} returned rank_sum={got['rank_sum']!r}", "one number: t.item() after the all_reduce")
+            if value != expected:
+                if value == rank:
+                    hint = "each rank only knows its own rank: combine them across ranks with dist.all_reduce"
+                elif value == world_size - 1:
+                    hint = "that is the largest rank (ReduceOp.MAX): sum them with ReduceOp.SUM, the default"
+                elif value == expected / world_size:
+                    hint = "all_reduce sums by default (ReduceOp.SUM); do not divide"
+                else:
+                    hint = "every rank puts in its own rank and all_reduce sums them"
                 fail(f"on {world_size} ranks, rank {rank} got rank_sum={got['rank_sum']}, expected {expected:g}", hint)
-    passed("first_group runs on 2 and 3 ranks and every rank agrees on the sum of ranks")
+            if not calls:
+                fail(
+                    f"the right sum, but rank {rank} ran no collective: it worked the sum out from the world size",
+                    "the exercise is the communication: each rank contributes its rank and dist.all_reduce adds them",
+                )
+            if calls != ["all_reduce"]:
+                fail(
+                    f"the right sum, but rank {rank} ran {', '.join(calls)}",
+                    "one dist.all_reduce sums a tensor across the group and leaves the sum on every rank",
+                )
+    passed("first_group runs on 2 and 3 ranks and every rank agrees on the sum of ranks, by one all_reduce")

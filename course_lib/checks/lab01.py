@@ -1,4 +1,5 @@
-"""Checks for 01_collectives: route ids to their owning rank with all_to_all_single, and a global mean.
+"""Checks for 01_collectives: route ids to their owning rank with all_to_all_single, a global mean, and each
+rank's slice of a sum (the learner chooses the collective).
 
 Each check launches the learner's function on 2 and then 3 ranks, with inputs of unequal sizes (so that
 assuming equal counts gives a wrong answer), and compares every rank's result with the answer worked out
@@ -320,8 +321,148 @@ def check_global_mean(
                     f"right answer, but rank {rank} ran {len(calls)} collectives ({_describe_calls(calls)}), not one",
                     "put the sum and the count in one tensor, torch.stack([x.sum(), count]), and all-reduce it once",
                 )
+            if calls[0] != "all_reduce":
+                fail(
+                    f"right answer, but rank {rank} used {calls[0]}: every rank received every rank's data",
+                    "two numbers per rank are enough: all-reduce torch.stack([x.sum(), count]) and divide",
+                )
     passed("global_mean gives every rank the mean of all values on 2 and 3 ranks, with one collective")
 
 
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- my_slice_of_sum
+
+_REPRODUCE_SLICE = "xs = lab01.slice_example(2); launch(lambda: my_slice_of_sum(xs[dist.get_rank()]))"
+# Collectives that leave rank r with slice r of the sum and nothing more: a reduce-scatter, or an all-to-all of
+# the slices followed by a local sum (a reduce-scatter written by hand).
+_SLICE_COLLECTIVES = {"reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single"}
+
+
+def slice_example(world_size: int = 2, length: int | None = None, seed: int = 0) -> list[Any]:
+    """The tensor each rank holds in the slice-of-a-sum exercise: integer-valued floats (sums are exact)."""
+    import torch
+
+    length = length if length is not None else {2: 12, 3: 10}.get(world_size, 4 * world_size)
+    generator = torch.Generator().manual_seed(seed + 100 * world_size + length)
+    return [torch.randint(-9, 10, (length,), generator=generator).float() for _ in range(world_size)]
+
+
+def _slice_on_rank(fn: Callable[..., Any], xs: list[Any]) -> tuple[Any, list[str], int]:
+    """On each rank: fn(xs[rank]) with its collectives counted, and the bytes this rank wrote meanwhile."""
+    import torch.distributed as dist
+
+    def written() -> int:
+        try:
+            with open("/proc/self/io") as f:
+                return int(next(line for line in f if line.startswith("wchar")).split()[1])
+        except (OSError, StopIteration):
+            return 0
+
+    dist.barrier()
+    start = written()
+    result, calls = _call_counting(fn, [(x,) for x in xs])
+    return result, calls, written() - start
+
+
+@exercise
+def check_slice_of_sum(
+    my_slice_of_sum: Callable[..., Any],
+    launch: Callable[..., list[Any]] | None = None,
+    timeout: float = _TIMEOUT_S,
+) -> None:
+    """Run `my_slice_of_sum(x)` on 2 and 3 ranks (lengths that do not divide evenly on 3) and compare every
+    rank's answer with slice r of the sum (``torch.tensor_split(sum, world_size)[r]``); then judge the
+    collective it chose: one that leaves each rank its slice only (reduce-scatter, or all-to-all + local sum)."""
+    import torch
+
+    from course_lib.launcher.launch import LaunchError
+
+    if launch is None:
+        from course_lib import launch
+    runs = []
+    for world in (2, 3):
+        xs = slice_example(world)
+        total = torch.stack(xs).sum(0)
+        expected = list(torch.tensor_split(total, world))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                outcomes = launch(_slice_on_rank, my_slice_of_sum, xs, world_size=world, show_ranks=[], timeout=timeout)
+        except LaunchError as error:
+            raised = [f for f in error.failures if f.kind == "raised"]
+            if raised and all(f.exc_type == "NotImplementedError" and not f.message.strip() for f in raised):
+                raise
+            first = error.failures[0].headline() if error.failures else error.summary
+            hint = _launch_hint(str(error), _REPRODUCE_SLICE)
+            if "invalid tensor size" in first.lower():
+                hint = (
+                    f"{xs[0].numel()} values do not split evenly over {world} ranks, and this collective wants equal "
+                    "tensors on gloo: dist.reduce_scatter(out, list(torch.tensor_split(x, world_size))) takes uneven "
+                    "slices, and so does all_to_all_single with input_split_sizes and output_split_sizes"
+                )
+            elif "divide" in str(error) or "size" in first.lower():
+                hint = (
+                    f"{xs[0].numel()} values do not split evenly over {world} ranks: reduce_scatter_single needs equal "
+                    "slices; the list form dist.reduce_scatter(out, list(torch.tensor_split(x, world_size))) does not"
+                )
+            fail(f"my_slice_of_sum failed on {world} ranks: {first}", hint)
+        for rank, (result, calls, _) in enumerate(outcomes):
+            want = expected[rank]
+            if not isinstance(result, torch.Tensor):
+                fail(f"on {world} ranks, rank {rank} returned a {type(result).__name__}", "return a tensor: this rank's slice of the sum")
+            result = result.detach().reshape(-1).float()
+            if result.numel() == total.numel() and torch.allclose(result, total):
+                fail(
+                    f"on {world} ranks, rank {rank} returned the whole sum ({total.numel()} values)",
+                    f"rank r keeps only slice r of it: torch.tensor_split(sum, world_size)[r], here {want.numel()} values",
+                )
+            if result.numel() != want.numel():
+                chunked = [c.numel() for c in torch.chunk(total, world)]
+                hint = f"slice r is torch.tensor_split(x, world_size)[r]: sizes {[e.numel() for e in expected]}"
+                if [c for c in chunked] != [e.numel() for e in expected]:
+                    hint += f" (torch.chunk gives {chunked})"
+                fail(f"on {world} ranks, rank {rank} returned {result.numel()} values, its slice has {want.numel()}", hint)
+            if torch.allclose(result, want):
+                continue
+            own = torch.tensor_split(xs[rank], world)[rank]
+            if torch.allclose(result, own):
+                fail(
+                    f"on {world} ranks, rank {rank} returned its own slice of its own tensor",
+                    "the sum needs every rank's values: a collective must bring them in",
+                )
+            if torch.allclose(result * world, want):
+                fail(f"on {world} ranks, rank {rank} returned the mean, not the sum", "sum over ranks (ReduceOp.SUM, the default)")
+            for other in range(world):
+                if other != rank and expected[other].numel() == want.numel() and torch.allclose(result, expected[other]):
+                    fail(
+                        f"on {world} ranks, rank {rank} returned slice {other} of the sum",
+                        f"rank r keeps slice r; in an all-to-all, chunk j of the input goes to rank j",
+                    )
+            fail(f"on {world} ranks, rank {rank} returned {result.tolist()}, expected {want.tolist()}", "slice r of the sum over all ranks")
+        runs.append(outcomes)
+    for outcomes in runs:  # the values first, on both worlds; then the collective chosen
+        for rank, (_, calls, _) in enumerate(outcomes):
+            chosen = set(calls)
+            if not chosen:
+                fail(f"right values, but rank {rank} ran no collective", "the other ranks' values must travel")
+            if "all_reduce" in chosen:
+                fail(
+                    "right values, but by all_reduce: every rank received the whole sum and threw most of it away",
+                    "a reduce-scatter leaves each rank its slice only: (p-1)/p N per rank on a ring instead of 2(p-1)/p N",
+                )
+            gathers = chosen & {"all_gather", "all_gather_single", "all_gather_into_tensor", "all_gather_object", "gather", "gather_object"}
+            if gathers:
+                fail(
+                    f"right values, but by {sorted(gathers)[0]}: every rank received every rank's whole tensor ((p-1) N)",
+                    "only slice r of each tensor is needed on rank r: reduce_scatter, or all_to_all of the slices",
+                )
+            if not chosen <= _SLICE_COLLECTIVES:
+                fail(
+                    f"right values, but rank {rank} ran {_describe_calls(calls)}",
+                    "one collective leaves each rank its slice of the sum: reduce_scatter (or all_to_all, then sum)",
+                )
+    used = ", ".join(sorted({c for _, calls, _ in outcomes for c in calls}))
+    passed(f"my_slice_of_sum gives rank r slice r of the sum on 2 and 3 ranks (uneven slices on 3), by {used}")

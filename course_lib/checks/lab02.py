@@ -137,6 +137,14 @@ def check_pooled_width(pooled_width: Callable[[list[EmbeddingBagConfig]], Any]) 
 SEED_FEATURES = ("user_id", "item_id")
 
 
+def SEED_TABLES() -> list[EmbeddingBagConfig]:  # noqa: N802  (a constant, built fresh each time)
+    """The two tables of the tutorials' SimpleRecModel, which the fixed model must keep."""
+    return [
+        EmbeddingBagConfig(name="user_table", embedding_dim=128, num_embeddings=10_000, feature_names=["user_id"]),
+        EmbeddingBagConfig(name="item_table", embedding_dim=128, num_embeddings=10_000, feature_names=["item_id"]),
+    ]
+
+
 def rec_batch(batch_size: int, seed: int = 0, num_embeddings: int = 10_000) -> KeyedJaggedTensor:
     """A batch for the tutorials' SimpleRecModel: one id per sample for "user_id" and for "item_id"."""
     generator = torch.Generator().manual_seed(seed)
@@ -159,6 +167,15 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
     ebcs = [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
     if len(ebcs) != 1:
         fail(f"the model holds {len(ebcs)} EmbeddingBagCollections", "keep the seed's one `self.ebc`")
+    def shapes(configs: Sequence[EmbeddingBagConfig]) -> dict[str, str]:  # by feature: what a table's name does not change
+        return {f: f"{t.num_embeddings} x {t.embedding_dim}" for t in configs for f in t.feature_names}
+
+    given, built = shapes(SEED_TABLES()), shapes(ebcs[0].embedding_bag_configs())
+    if built != given:
+        fail(
+            f"the tables changed: {built} (rows x dim by feature), the seed's are {given}",
+            "keep the tables as given: fix the layers after them, not the tables, to make the shapes fit",
+        )
     tables = ebcs[0].embedding_bags
     width = sum(t.embedding_dim * len(t.feature_names) for t in ebcs[0].embedding_bag_configs())
     rows_hint = (
@@ -169,8 +186,18 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
         model.zero_grad(set_to_none=True)
         try:
             out = model(rec_batch(batch_size))
-        except RuntimeError as error:
+        except (RuntimeError, IndexError) as error:
             message, hints = str(error), []
+            if "is invalid for input of size" in message:
+                hints.append(
+                    f"reshaping the batch to fit the Linear mixes samples into one row: the EBC gives {width} "
+                    f"numbers per sample, so the Linear must take {width}"
+                )
+            if "Dimension out of range" in message:
+                hints.append(
+                    "iterating ebc(x).values() yields 1-D rows (one per sample), which have no dim 1: "
+                    ".values() already is the [B, sum of dims] concatenation; .to_dict() gives per-feature tensors"
+                )
             if f"1x{batch_size * width}" in message:
                 hints.append(rows_hint)
             if "cannot be multiplied" in message and not message.rsplit(" and ", 1)[-1].startswith(f"{width}x"):
@@ -187,4 +214,91 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
             if grad is None or not bool(grad.abs().sum() > 0):
                 fail(f"the loss does not reach table {name!r}",
                      "feed the pooled vectors of BOTH features to the Linear: .values() holds them all")
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if linears and not any(m.in_features == width for m in linears):
+        fail(
+            f"the EBC gives {width} numbers per sample, but no Linear takes {width} inputs "
+            f"(in_features: {[m.in_features for m in linears]})",
+            f"feed ebc(x).values(), [B, {width}], to a Linear({width}, ...); padding, repeating or summing the "
+            "features to fit another width changes the model",
+        )
     passed("the fixed model maps batches of 3 and 2 to [B, 1], and gradients reach both tables")
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+WORD_FEATURES = ("query", "title")
+# (vocab_size, dim, budget_bytes): the lab's case first, then fresh ones; in the last, two tables fit too.
+WORD_CASES = [(50_000, 64, 16 * 2**20), (30_000, 32, 4 * 2**20), (1_000, 16, 200_000)]
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+@exercise
+def check_word_tables(word_tables: Callable[..., Any]) -> None:
+    """`word_tables(vocab_size, dim, budget_bytes)` gives EBC tables for the features "query" and "title"
+    (ids of one vocabulary) such that every id has its own row, each feature gets its own `dim`-wide slot in
+    the output, and the fp32 parameters fit `budget_bytes`; checked on the lab's sizes and on fresh ones."""
+    from torchrec.types import DataType
+
+    from course_lib.checks import one_line
+
+    for vocab_size, dim, budget in WORD_CASES:
+        case = f"word_tables({vocab_size:_}, {dim}, {_mib(budget)})"
+        try:
+            tables = word_tables(vocab_size, dim, budget)
+        except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+            fail(f"{case} raised {one_line(error)}")
+        if isinstance(tables, EmbeddingBagConfig):
+            tables = [tables]
+        if not isinstance(tables, (list, tuple)) or not all(isinstance(t, EmbeddingBagConfig) for t in tables):
+            kinds = sorted({type(t).__name__ for t in tables}) if isinstance(tables, (list, tuple)) else [type(tables).__name__]
+            fail(
+                f"{case} returned {', '.join(kinds)}, not a list of EmbeddingBagConfig",
+                "pooled bags of words need EmbeddingBagConfig (EmbeddingConfig is for one vector per id)",
+            )
+        features = [f for t in tables for f in t.feature_names]
+        if sorted(features) != sorted(WORD_FEATURES):
+            fail(
+                f"{case}: the tables serve features {features}, not {list(WORD_FEATURES)}",
+                "each feature is named in exactly one table's feature_names; one table may list both, and each "
+                "feature is still pooled on its own",
+            )
+        for t in tables:
+            if t.data_type != DataType.FP32:
+                fail(f"{case}: table {t.name!r} is {t.data_type.name}", "keep the tables in fp32 here (lab 11 measures fp16 tables)")
+        short = [t for t in tables if t.num_embeddings < vocab_size]
+        if short:
+            t = short[0]
+            fail(
+                f"{case}: table {t.name!r} has {t.num_embeddings:,} rows for {vocab_size:,} word ids",
+                f"ids from {t.num_embeddings:,} up have no row (an EBC fails on them, a hash would make words "
+                "collide): every word needs its own row",
+            )
+        total = sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
+        width = sum(t.embedding_dim * len(t.feature_names) for t in tables)
+        per_feature = {f: t.embedding_dim for t in tables for f in t.feature_names}
+        if any(d != dim for d in per_feature.values()):
+            fail(
+                f"{case}: the features get {per_feature} columns, each should get dim={dim}",
+                "keep the width you are given: the dense layers after the EBC expect it",
+            )
+        if total > budget:
+            fail(
+                f"{case}: {len(tables)} tables hold {_mib(total)}, over the {_mib(budget)} budget",
+                "query and title words come from one vocabulary: one table can serve both features "
+                "(feature_names=['query', 'title']), and each feature still gets its own pooled slot",
+            )
+        ebc = EmbeddingBagCollection(tables=list(tables), device=torch.device("cpu"))
+        ids = torch.tensor([0, vocab_size - 1, vocab_size // 2, vocab_size - 1])
+        kjt = KeyedJaggedTensor(keys=list(WORD_FEATURES), values=ids, lengths=torch.tensor([1, 1, 1, 1]))
+        with torch.no_grad():
+            out = ebc(kjt)
+        if out.values().shape != (2, 2 * dim) or width != 2 * dim:
+            fail(f"{case}: the EBC's output is {tuple(out.values().shape)}, expected (2, {2 * dim})")
+    passed(
+        "word_tables gives every word its own row, each feature its own slot, within the budget, for "
+        f"{len(WORD_CASES)} vocabularies"
+    )

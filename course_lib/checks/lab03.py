@@ -1,6 +1,8 @@
-"""Checks for 03_sharding: constrain a plan to row-wise and read its shards; balance per-rank memory by hand."""
+"""Checks for 03_sharding: constrain a plan to row-wise and read its shards; steer the planner with constraints
+only (a per-rank byte budget, one table's lookups on one host) and read the hosts off the plan."""
 from __future__ import annotations
 
+import itertools
 from typing import Any, Mapping, Sequence
 
 from torchrec import EmbeddingBagConfig
@@ -17,30 +19,54 @@ def _tables(spec: Sequence[tuple[str, int]], dim: int = 16) -> list[EmbeddingBag
     ]
 
 
-# Exercise 2: five tables whose greedy placement (largest first, onto the emptiest rank) is 17 : 13.
-BALANCE_TABLES: list[EmbeddingBagConfig] = _tables(
-    [("query", 8000), ("doc", 7000), ("author", 6000), ("site", 5000), ("topic", 4000)]
-)
-BALANCE_WORLD_SIZE = 2
-BALANCE_TOLERANCE = 0.05  # (most loaded - least loaded rank) / mean
+# The lab's four tables (the check plans its own copy, whatever the notebook's TABLES became).
+TABLES: list[EmbeddingBagConfig] = _tables([("user", 4096), ("item", 2048), ("city", 512), ("category", 64)])
+
+# Exercise 2: steer the planner on 2 hosts x 2 GPUs (a plan, nothing runs on a GPU).
+STEER_WORLD_SIZE = 4
+STEER_RANKS_PER_HOST = 2
+STEER_BUDGET_BYTES = 136 * 1024  # parameter bytes per rank (planning.bytes_per_rank)
+STEER_TABLE = "item"  # its lookups must stay on one host
+
+
+def steer_topology() -> Any:
+    """The topology of exercise 2: 4 GPUs, 2 per host, 16 GiB of HBM each."""
+    return planning.topology(
+        STEER_WORLD_SIZE, local_world_size=STEER_RANKS_PER_HOST, compute_device="cuda", hbm_cap_bytes=16 * 2**30
+    )
+
+
+def steer_plan(constraints: Mapping[str, Any] | None, tables: Sequence[EmbeddingBagConfig] = TABLES) -> ShardingPlan:
+    """What the planner makes of `tables` on :func:`steer_topology` under `constraints`: the check's own call."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    planner = EmbeddingShardingPlanner(topology=steer_topology(), constraints=dict(constraints or {}))
+    return planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
 
 
 def _kib(n: float) -> str:
     return f"{n / 1024:,.0f} KiB"
 
 
-@exercise
-def check_row_wise(
-    plan: Any,
-    shard_rows: Any,
-    tables: Sequence[EmbeddingBagConfig],
-    *,
-    table: str = "item",
-    world_size: int = 8,
-) -> None:
-    """`plan` shards `table` row-wise, its shards cover every row once, and `shard_rows` lists their row counts."""
+def _call(fn: Any, name: str, *args: Any) -> tuple[Any, BaseException | None]:
+    """`fn(*args)` and the error it raised, if any; the second function of an exercise still unwritten fails
+    the check by its own name (outside the ``except``, so ``@exercise`` does not name the first function)."""
+    from course_lib.checks import _unwritten
+
+    try:
+        return fn(*args), None
+    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+        caught = error
+    if _unwritten(caught):
+        fail(f"{name} is not written yet", "replace `raise NotImplementedError()` with your code, then run this cell again")
+    return None, caught
+
+
+def _judge_row_wise(plan: Any, tables: Sequence[EmbeddingBagConfig], table: str, world_size: int, what: str) -> list[int]:
+    """The row counts of `table`'s shards in `plan`, in row order, after checking it is row-wise over every rank."""
     if not isinstance(plan, ShardingPlan):
-        fail(f"the plan is a {type(plan).__name__}, not a ShardingPlan", "return what planner.plan(...) returns")
+        fail(f"row_wise_item_plan returned a {type(plan).__name__} for {what}, not a ShardingPlan", "return what planner.plan(...) returns")
     config = next((t for t in tables if t.name == table), None)
     if config is None:
         fail(f"no table named {table!r} among the tables given to the check")
@@ -49,7 +75,7 @@ def check_row_wise(
     except ValueError as exc:
         fail(f"cannot read the plan: {exc}")
     if not pieces:
-        fail(f"the plan has no entry for table {table!r}", "plan the EBC of all the lab's tables (planning.meta_ebc(TABLES))")
+        fail(f"the plan for {what} has no entry for table {table!r}", "plan the EBC of all the lab's tables (planning.meta_ebc(TABLES))")
     kind = pieces[0].sharding_type
     if kind != "row_wise":
         hint = (
@@ -57,7 +83,7 @@ def check_row_wise(
             if kind == "table_row_wise"
             else f"pass constraints={{{table!r}: ParameterConstraints(sharding_types=['row_wise'])}} to the planner"
         )
-        fail(f"table {table!r} is sharded {kind}, not row_wise", hint)
+        fail(f"table {table!r} is sharded {kind}, not row_wise ({what})", hint)
     pieces.sort(key=lambda s: s.row_offset)
     for s in pieces:
         if s.col_offset != 0 or s.cols != config.embedding_dim:
@@ -82,59 +108,243 @@ def check_row_wise(
             "every row must be in exactly one shard",
         )
     ranks = [s.rank for s in pieces]
-    if len(set(ranks)) != len(ranks) or any(not 0 <= r < world_size for r in ranks):
-        fail(f"the row-wise shards of {table!r} sit on ranks {ranks}", f"one shard per rank, ranks 0..{world_size - 1}")
-    expected = [s.rows for s in pieces]
-    try:
-        given = [int(n) for n in shard_rows]
-    except (TypeError, ValueError):
-        fail(f"shard_rows must give a list of ints, got {shard_rows!r}")
-    if given != expected:
+    if sorted(ranks) != list(range(world_size)):
         fail(
-            f"shard_rows gave {given}, but the plan's shards of {table!r} have {expected} rows (in row order)",
-            f"sort plan.plan[''][{table!r}].sharding_spec.shards by shard_offsets[0] and take each shard_sizes[0]",
+            f"for {what}, the row-wise shards of {table!r} sit on ranks {sorted(ranks)}",
+            f"one shard on each of ranks 0..{world_size - 1}: plan on the topology you are given, not on a fixed one",
         )
-    sizes = sorted(set(expected))
-    size_text = f"{len(expected)} shards of {sizes[0]} rows" if len(sizes) == 1 else f"shards of {expected} rows"
-    passed(
-        f"{table!r} is row-wise over {len(expected)} ranks: {size_text} x {config.embedding_dim} "
-        f"cover all {config.num_embeddings} rows once"
-    )
+    return [s.rows for s in pieces]
+
+
+def _judge_others_left_alone(plan: Any, topology: Any, tables: Sequence[EmbeddingBagConfig], table: str, what: str) -> None:
+    """The tables other than `table` are placed as the planner places them when only `table` is constrained."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+
+    planner = EmbeddingShardingPlanner(topology=topology, constraints={table: ParameterConstraints(sharding_types=["row_wise"])})
+    reference = planning._module_plan(planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()]))
+    mine = planning._module_plan(plan)
+    moved = [
+        f"{name} ({mine[name].sharding_type}, the planner alone: {sharding.sharding_type})"
+        for name, sharding in reference.items()
+        if name != table and name in mine and mine[name].sharding_type != sharding.sharding_type
+    ]
+    if moved:
+        fail(
+            f"for {what}, other tables are not where the planner puts them: {', '.join(moved)}",
+            f"constrain {table!r} only, and leave the other tables to the planner",
+        )
+
+
+def _judge_shard_rows(shard_rows: Any, plan: Any, table: str, expected: list[int], what: str) -> None:
+    from course_lib.checks import one_line, raise_if_unwritten
+
+    answer, error = _call(shard_rows, "shard_rows", plan, table)
+    if error is not None:
+        fail(f"shard_rows raised {one_line(error)} on {what}", "read plan.plan[''][table].sharding_spec.shards")
+    try:
+        given = [int(n) for n in answer]
+    except (TypeError, ValueError):
+        fail(f"shard_rows must give a list of ints, got {answer!r}")
+    if given != expected:
+        offsets = list(itertools.accumulate([0] + expected[:-1]))
+        hint = f"sort plan.plan[''][{table!r}].sharding_spec.shards by shard_offsets[0] and take each shard_sizes[0]"
+        if given == offsets:
+            hint = f"those are the shards' first rows (shard_offsets[0]); the sizes are shard_sizes[0]. {hint}"
+        elif sorted(given) == sorted(expected):
+            hint = f"right sizes, wrong order: the plan lists shards in no promised order. {hint}"
+        fail(f"shard_rows gave {given} on {what}, but the shards of {table!r} have {expected} rows (in row order)", hint)
 
 
 @exercise
-def check_balanced(
-    assignment: Any,
+def check_row_wise(
+    row_wise_item_plan: Any,
+    shard_rows: Any,
+    tables: Sequence[EmbeddingBagConfig] = TABLES,
     *,
-    tables: Sequence[EmbeddingBagConfig] = BALANCE_TABLES,
-    world_size: int = BALANCE_WORLD_SIZE,
-    tolerance: float = BALANCE_TOLERANCE,
+    table: str = "item",
 ) -> None:
-    """`assignment` ({table: rank}) places every table whole on one rank, with per-rank bytes within `tolerance`."""
-    names = [t.name for t in tables]
-    if not isinstance(assignment, Mapping):
-        fail(f"assignment must be a dict {{table name: rank}}, got a {type(assignment).__name__}")
-    missing = [n for n in names if n not in assignment]
+    """`row_wise_item_plan(topology)` shards `table` row-wise over every rank of any topology, and
+    `shard_rows(plan, table)` reads its shards' row counts in row order (also from a plan whose shards are
+    listed out of order)."""
+    import copy
+
+    from course_lib.checks import one_line, raise_if_unwritten
+
+    if not callable(row_wise_item_plan):
+        fail(
+            f"row_wise_item_plan must be a function of the topology, got a {type(row_wise_item_plan).__name__}",
+            "pass the function itself: lab03.check_row_wise(row_wise_item_plan, shard_rows)",
+        )
+    if not callable(shard_rows):
+        fail(f"shard_rows must be a function, got a {type(shard_rows).__name__}", "pass the function itself")
+    topologies = [
+        ("the cluster (2 hosts x 4 GPUs)", planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
+        ("a second topology (2 hosts x 3 GPUs)", planning.topology(6, local_world_size=3, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
+    ]
+    found = []
+    for what, topology in topologies:
+        try:
+            plan = row_wise_item_plan(topology)
+        except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+            raise_if_unwritten(error)
+            fail(f"row_wise_item_plan raised {one_line(error)} for {what}", "plan with EmbeddingShardingPlanner(topology=topology, constraints=...)")
+        expected = _judge_row_wise(plan, tables, table, topology.world_size, what)
+        _judge_others_left_alone(plan, topology, tables, table, what)
+        _judge_shard_rows(shard_rows, plan, table, expected, what)
+        found.append(expected)
+        shuffled = copy.deepcopy(plan)
+        specs = shuffled.plan[""][table].sharding_spec.shards
+        specs[:] = specs[len(specs) // 2 :][::-1] + specs[: len(specs) // 2]
+        _judge_shard_rows(shard_rows, shuffled, table, expected, f"{what}, shards listed out of order")
+    config = next(t for t in tables if t.name == table)
+    texts = []
+    for rows in found:
+        sizes = sorted(set(rows))
+        texts.append(f"{len(rows)} shards of {sizes[0]} rows" if len(sizes) == 1 else f"shards of {rows} rows")
+    passed(
+        f"{table!r} is row-wise over every rank: {' and '.join(texts)} x {config.embedding_dim} "
+        f"cover all {config.num_embeddings} rows once; shard_rows reads them in row order"
+    )
+
+
+def _true_hosts(plan: Any, ranks_per_host: int) -> dict[str, set[int]]:
+    return {
+        name: {int(r) // ranks_per_host for r in (sharding.ranks or [])}
+        for name, sharding in planning._module_plan(plan).items()
+    }
+
+
+def _as_hosts(value: Any) -> set[int] | None:
+    try:
+        hosts = {int(h) for h in value}
+    except (TypeError, ValueError):
+        return None
+    if any(isinstance(h, bool) for h in value):
+        return None
+    return hosts
+
+
+def _judge_hosts_of(hosts_of: Any, plan: ShardingPlan, ranks_per_host: int, what: str) -> None:
+    """`hosts_of(plan, ranks_per_host)` must give {table: the hosts holding any of its shards} for `plan`."""
+    from course_lib.checks import one_line, raise_if_unwritten
+
+    got, error = _call(hosts_of, "hosts_of", plan, ranks_per_host)
+    if error is not None:
+        hint = "read each table's ParameterSharding.ranks: every sharding type fills it"
+        if isinstance(error, AttributeError) and "NoneType" in str(error):
+            hint = (
+                "a data_parallel table has no sharding_spec (it is None): its copies are listed in "
+                "ParameterSharding.ranks, which every sharding type fills"
+            )
+        fail(f"hosts_of raised {one_line(error)} on {what}", hint)
+    want = _true_hosts(plan, ranks_per_host)
+    if not isinstance(got, Mapping):
+        fail(f"hosts_of returned a {type(got).__name__} on {what}", "return a dict {table name: the hosts that hold it}")
+    missing = [name for name in want if name not in got]
     if missing:
+        types = {name: s.sharding_type for name, s in planning._module_plan(plan).items()}
         fail(
-            f"the assignment drops {', '.join(map(repr, missing))}",
-            "every table must live somewhere: a plan that leaves a table out cannot run",
+            f"hosts_of left out {', '.join(f'{m!r} ({types[m]})' for m in missing)} on {what}",
+            "every table lives somewhere; a data_parallel table lives on every rank (ParameterSharding.ranks)",
         )
-    unknown = [n for n in assignment if n not in names]
+    for name, hosts in want.items():
+        given = _as_hosts(got[name])
+        if given is None:
+            fail(f"hosts_of gave {got[name]!r} for {name!r} on {what}", "give each table a set (or list) of host numbers")
+        if given != hosts:
+            ranks = sorted(planning._module_plan(plan)[name].ranks or [])
+            hint = f"{name!r} sits on ranks {ranks}; with {ranks_per_host} ranks per host, rank r is on host r // {ranks_per_host}"
+            if given == {r % ranks_per_host for r in ranks}:
+                hint = f"rank % ranks_per_host is the rank's place inside its host (LOCAL_RANK), not its host: {hint}"
+            elif given == set(ranks) and given != hosts:
+                hint = f"those are ranks, not hosts: {hint}"
+            fail(f"hosts_of says {name!r} is on hosts {sorted(given)}, but it is on hosts {sorted(hosts)} ({what})", hint)
+
+
+@exercise
+def check_steering(
+    constraints: Any,
+    hosts_of: Any,
+    *,
+    tables: Sequence[EmbeddingBagConfig] = TABLES,
+    budget_bytes: int = STEER_BUDGET_BYTES,
+    table: str = STEER_TABLE,
+) -> None:
+    """The planner, steered by `constraints` alone (a dict, or a function that returns one), keeps every rank within `budget_bytes` of parameters and
+    `table` on one host; `hosts_of(plan, ranks_per_host)` reads the hosts off that plan and off fresh ones."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from course_lib.checks import one_line, raise_if_unwritten
+
+    if callable(constraints):  # steering_constraints(): the learner's decision, as a function
+        try:
+            constraints = constraints()
+        except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+            raise_if_unwritten(error)
+            fail(f"steering_constraints() raised {one_line(error)}", "return {table name: ParameterConstraints(...)}")
+    if not callable(hosts_of):
+        fail(f"hosts_of must be a function, got a {type(hosts_of).__name__}", "def hosts_of(plan, ranks_per_host): ...")
+    if isinstance(constraints, ShardingPlan) or (
+        isinstance(constraints, Mapping) and any(hasattr(v, "sharding_type") for v in constraints.values())
+    ):
+        fail(
+            "that is a plan, not constraints",
+            "the exercise steers the planner: give {table name: ParameterConstraints(...)} and let the planner place the shards",
+        )
+    if not isinstance(constraints, Mapping):
+        fail(f"constraints must be a dict {{table name: ParameterConstraints}}, got a {type(constraints).__name__}")
+    names = [t.name for t in tables]
+    unknown = [n for n in constraints if n not in names]
     if unknown:
-        fail(f"the assignment names tables that do not exist: {unknown}", f"the tables are {names}")
-    for name, rank in assignment.items():
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
-            fail(f"table {name!r} is assigned to {rank!r}", f"a rank is an int from 0 to {world_size - 1}")
-    plan = planning.table_plan(tables, dict(assignment), world_size=world_size)
-    totals = planning.bytes_per_rank(plan, tables, world_size).loc["total"].tolist()
-    spread = planning.memory_spread(plan, tables, world_size)
-    per_rank = ", ".join(f"rank {r}: {_kib(b)}" for r, b in enumerate(totals))
-    if spread > tolerance:
-        fail(
-            f"{per_rank}: spread {spread:.1%} is over the {tolerance:.0%} allowed",
-            f"the tables add up to {_kib(sum(totals))}, so each rank should hold about {_kib(sum(totals) / world_size)}; "
-            "largest-first onto the emptiest rank (the greedy way) does not get there: look for tables that sum to "
-            "exactly half",
+        fail(f"constraints name tables that do not exist: {unknown}", f"the tables are {names}; the planner would ignore the rest")
+    for name, value in constraints.items():
+        if not isinstance(value, ParameterConstraints):
+            fail(f"the constraint for {name!r} is a {type(value).__name__}", "ParameterConstraints(sharding_types=[...], ...)")
+    try:
+        plan = steer_plan(constraints, tables)
+    except Exception as error:  # noqa: BLE001  (the planner refused the constraints: say why)
+        fail(f"the planner could not plan under these constraints: {one_line(error)}", "loosen the constraints it names")
+    world, per_host = STEER_WORLD_SIZE, STEER_RANKS_PER_HOST
+    kinds = {name: s.sharding_type for name, s in planning._module_plan(plan).items()}
+    hosts = _true_hosts(plan, per_host)
+    if len(hosts[table]) != 1:
+        why = {
+            "data_parallel": "data_parallel puts a full copy on every rank, and each rank looks up its own batch there",
+            "row_wise": "row_wise cuts the rows over every rank of every host",
+            "grid_shard": "grid_shard spreads column slices over the hosts",
+        }.get(kinds[table], f"its shards sit on ranks {sorted(planning._module_plan(plan)[table].ranks or [])}")
+        hint = f"{why}; table_row_wise keeps a table's rows on the ranks of one host"
+        if table not in constraints:
+            hint = f"you left {table!r} to the planner, and it chose {kinds[table]}: {hint}"
+        fail(f"{table!r} is {kinds[table]}, on hosts {sorted(hosts[table])}: its lookups cross hosts", hint)
+    per_rank = planning.bytes_per_rank(plan, tables, world)
+    totals = per_rank.loc["total"].tolist()
+    worst = max(range(world), key=lambda r: totals[r])
+    if totals[worst] > budget_bytes:
+        held = ", ".join(
+            f"{name} {kinds[name]} {_kib(per_rank.loc[name, worst])}"
+            for name in names
+            if per_rank.loc[name, worst] > 0
         )
-    passed(f"every table placed once; {per_rank} (spread {spread:.1%} <= {tolerance:.0%})")
+        hint = "a table cut over more ranks (row_wise, column_wise with a small min_partition) weighs less on each"
+        copies = [n for n in names if kinds[n] == "data_parallel" and n not in constraints and per_rank.loc[n, worst] > 0]
+        if copies:
+            hint = f"the planner made {copies} data_parallel, a full copy on every rank; constrain them too. {hint}"
+        fail(
+            f"rank {worst} holds {_kib(totals[worst])} ({held}), over the {_kib(budget_bytes)} budget",
+            hint,
+        )
+    _judge_hosts_of(hosts_of, plan, per_host, "your plan")
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    cluster = planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)
+    fresh = EmbeddingShardingPlanner(topology=cluster).plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
+    _judge_hosts_of(hosts_of, fresh, 4, "the planner's own plan for 2 hosts x 4 GPUs")
+    spread = steer_plan({table: ParameterConstraints(sharding_types=["row_wise"])}, tables)
+    _judge_hosts_of(hosts_of, spread, per_host, f"a plan with {table!r} row-wise")
+    passed(
+        f"{table!r} is {kinds[table]} on host {min(hosts[table])} only; the busiest rank holds "
+        f"{_kib(totals[worst])} <= {_kib(budget_bytes)}; hosts_of reads this plan and two others right"
+    )
