@@ -54,8 +54,29 @@ def torchrun_solution(nnodes, nproc_per_node, node_rank, head, port):
             "--master-addr", head, "--master-port", str(port), "-m", "course_lib.run", "course_lib.capstone:train"]
 
 
-def test_torchrun_check_accepts_the_solution(capsys):
-    lab09.check_torchrun_command(torchrun_solution)
+def c10d_solution(nnodes, nproc_per_node, node_rank, head, port):  # the lab's recommended cluster command
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", "capstone-1", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def underscores_and_equals(nnodes, nproc, node_rank, head, port):  # the same meaning, spelled the old way
+    return ["torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={node_rank}",
+            f"--master_addr={head}", f"--master_port={port}", "--module", "course_lib.run", "course_lib.capstone:train"]
+
+
+def static_with_endpoint(nnodes, nproc, node_rank, head, port):  # static rendezvous at an explicit endpoint
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
+            "--rdzv-endpoint", f"{head}:{port}", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def elastic_c10d(nnodes, nproc, node_rank, head, port):  # elastic range up to the job's nodes, c10d default id
+    return ["torchrun", "--nnodes", f"1:{nnodes}", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{head}:{port}", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+@pytest.mark.parametrize("right", [torchrun_solution, c10d_solution, underscores_and_equals, static_with_endpoint, elastic_c10d])
+def test_torchrun_check_accepts_every_spelling_of_a_working_command(right, capsys):
+    lab09.check_torchrun_command(right)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -77,13 +98,75 @@ def one_string(nnodes, nproc, node_rank, head, port):
     return " ".join(torchrun_solution(nnodes, nproc, node_rank, head, port))
 
 
+def standalone_on_many_nodes(nnodes, nproc, node_rank, head, port):  # --standalone overrides the rendezvous
+    return ["torchrun", "--standalone", *c10d_solution(nnodes, nproc, node_rank, head, port)[1:]]
+
+
+def c10d_at_master_addr(nnodes, nproc, node_rank, head, port):  # c10d ignores --master-addr/--master-port
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--master-addr", head, "--master-port", str(port), "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def no_master_port(nnodes, nproc, node_rank, head, port):  # static, at torchrun's default port 29500
+    argv = torchrun_solution(nnodes, nproc, node_rank, head, port)
+    i = argv.index("--master-port")
+    return argv[:i] + argv[i + 2:]
+
+
+def processes_as_nodes(nnodes, nproc, node_rank, head, port):  # --nnodes = every process of the job
+    return torchrun_solution(nnodes * nproc, nproc, node_rank, head, port)
+
+
+def gpus_auto(nnodes, nproc, node_rank, head, port):  # 'auto': this machine's devices, or its CPU cores
+    return torchrun_solution(nnodes, "auto", node_rank, head, port)
+
+
+def one_id_per_node(nnodes, nproc, node_rank, head, port):  # each node its own --rdzv-id: separate jobs
+    argv = c10d_solution(nnodes, nproc, node_rank, head, port)
+    argv[argv.index("capstone-1")] = f"capstone-node{node_rank}"
+    return argv
+
+
+def localhost_everywhere(nnodes, nproc, node_rank, head, port):  # the head's address hard-coded
+    return torchrun_solution(nnodes, nproc, node_rank, "127.0.0.1", port)
+
+
+def steps_in_the_command(nnodes, nproc, node_rank, head, port):  # the cell appends steps and batch: 4 arguments
+    return torchrun_solution(nnodes, nproc, node_rank, head, port) + ["2000", "4096"]
+
+
+def node_rank_from_one(nnodes, nproc, node_rank, head, port):  # ranks 1..nnodes
+    return torchrun_solution(nnodes, nproc, node_rank + 1, head, port)
+
+
+def etcd_backend(nnodes, nproc, node_rank, head, port):
+    argv = c10d_solution(nnodes, nproc, node_rank, head, port)
+    argv[argv.index("c10d")] = "etcd"
+    return argv
+
+
+def flag_without_value(nnodes, nproc, node_rank, head, port):
+    return ["torchrun", "--nnodes", "--nproc-per-node", str(nproc), "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (world_size_per_node, "one per local GPU"),
+        (world_size_per_node, "that is the world size"),
         (no_node_rank, "its own rank"),
         (script_not_module, "as a module"),
-        (one_string, "list of strings|starts with"),
+        (one_string, "list of strings"),
+        (standalone_on_many_nodes, "--standalone .* never meet"),
+        (c10d_at_master_addr, "without --rdzv-endpoint"),
+        (no_master_port, "rendezvous is at node-a17:29500|rendezvous is at 127.0.0.1:29500"),
+        (processes_as_nodes, "--nnodes says 16|--nnodes says 64|number of machines"),
+        (gpus_auto, "'auto' and 'gpu' count"),
+        (one_id_per_node, "rendezvous differ"),
+        (localhost_everywhere, "rendezvous is at 127.0.0.1"),
+        (steps_in_the_command, "its only argument is the function"),
+        (node_rank_from_one, "--node-rank values are \\[1, 2\\]"),
+        (etcd_backend, "etcd"),
+        (flag_without_value, "would refuse"),
     ],
 )
 def test_torchrun_check_rejects_wrong_answers(wrong, words):

@@ -109,36 +109,141 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     passed("lookup bandwidth = ids x dim x bytes per element / seconds, in GB/s")
 
 
+# (nnodes, nproc_per_node, head, port) of the jobs the torchrun check asks for: two nodes of one process on this
+# machine (the lab runs that one), eight 8-GPU nodes on a cluster at torchrun's c10d default port, one node.
+_TORCHRUN_JOBS = ((2, 1, "127.0.0.1", 29411), (8, 8, "node-a17", 29400), (1, 4, "127.0.0.1", 29533))
+_RDZV_BACKENDS = ("static", "c10d")
+
+
+def torchrun_meaning(argv: Sequence[str]) -> dict[str, Any]:
+    """What torchrun would do with `argv` (``["torchrun", ...]``), worked out with torchrun's own parser and rules
+    (``torch.distributed.run``: ``get_args_parser``, the ``--standalone`` and single-node overrides of ``run``,
+    ``parse_min_max_nnodes``, ``get_rdzv_endpoint``, and the rendezvous backends' endpoint parsing).
+
+    Returns the effective rendezvous (backend, host, port, id), the node range, the node rank (static only),
+    the processes per node, and the program. Raises ValueError with torchrun's complaint when it would refuse.
+    """
+    import contextlib
+    import io
+    import os
+    from unittest import mock
+
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    argv = list(argv)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}  # torchrun reads PET_* too
+    with mock.patch.dict(os.environ, clean, clear=True):
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):  # argparse prints usage and exits: keep its one-line verdict
+                args = get_args_parser().parse_args(argv[1:])
+        except SystemExit:
+            verdict = [line for line in said.getvalue().splitlines() if ": error: " in line]
+            raise ValueError(verdict[-1].split(": error: ", 1)[1] if verdict else "its argument parser refuses it") from None
+    try:
+        min_nodes, max_nodes = parse_min_max_nnodes(args.nnodes)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--nnodes {args.nnodes} is neither N nor MIN:MAX") from None
+    if not 0 < min_nodes <= max_nodes:
+        raise ValueError(f"--nnodes {args.nnodes}: torchrun needs 0 < MIN <= MAX")
+    backend, endpoint, run_id, port_given = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, args.master_port
+    overridden = None
+    if args.standalone:  # run(): a private c10d store on this machine, a fresh id, whatever else was said
+        backend, endpoint, run_id, overridden = "c10d", "localhost:0", "<random per node>", "--standalone"
+    elif backend == "static" and not endpoint and port_given is None and max_nodes == 1:
+        backend, endpoint, run_id, overridden = "c10d", "localhost:0", "<random per node>", "single node"
+    master_port = 29500 if port_given is None else port_given
+    if backend == "static":
+        endpoint = endpoint or f"{args.master_addr}:{master_port}"  # get_rdzv_endpoint
+        host, port = parse_rendezvous_endpoint(endpoint, -1)
+        if port == -1:
+            raise ValueError(f"the static rendezvous endpoint {endpoint!r} has no port")
+    else:
+        host, port = parse_rendezvous_endpoint(endpoint, 29400)  # c10d's DEFAULT_PORT
+    return {
+        "backend": backend, "host": host, "port": port, "id": run_id, "overridden": overridden,
+        "endpoint_given": bool(args.rdzv_endpoint), "master_given": (args.master_addr != "127.0.0.1" or port_given is not None),
+        "nodes": (min_nodes, max_nodes), "node_rank": args.node_rank if backend == "static" else None,
+        "nproc_per_node": args.nproc_per_node, "module": args.module, "no_python": args.no_python,
+        "run_path": args.run_path, "script": args.training_script, "script_args": list(args.training_script_args),
+    }
+
+
 @exercise
 def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> None:
-    """`torchrun_command(nnodes, nproc_per_node, node_rank, head, port)`: the argv that starts the capstone on one node."""
-    from torch.distributed.run import get_args_parser
+    """`torchrun_command(nnodes, nproc_per_node, node_rank, head, port)`: the argv that starts the capstone on one node.
 
-    for nnodes, nproc, node_rank, head, port in ((2, 1, 1, "127.0.0.1", 29400), (8, 8, 5, "node-a17", 29500)):
-        argv = list(torchrun_command(nnodes, nproc, node_rank, head, port))
-        if not argv or not all(isinstance(a, str) for a in argv):
-            fail(f"expected a list of strings, got {argv!r}", "e.g. ['torchrun', '--nnodes', '2', ...]: one string per argument")
-        if argv[0] != "torchrun":
-            fail(f"the command starts with {argv[0]!r}", "start it with 'torchrun'")
-        try:
-            args = get_args_parser().parse_args(argv[1:])
-        except SystemExit:
-            fail(f"torchrun rejects these arguments: {' '.join(argv[1:])}", "write flags as torchrun spells them: --nnodes 2")
-        where = f"node {node_rank} of {nnodes} with {nproc} GPUs each"
-        if str(args.nnodes) != str(nnodes):
-            fail(f"{where}: --nnodes is {args.nnodes}", "--nnodes is the number of machines")
-        if str(args.nproc_per_node) != str(nproc):
-            fail(
-                f"{where}: --nproc-per-node is {args.nproc_per_node}",
-                "torchrun starts that many processes on THIS node: one per local GPU, not the world size",
-            )
-        if args.node_rank != node_rank:
-            fail(f"{where}: --node-rank is {args.node_rank}", "every node needs its own rank, 0 to nnodes - 1; without it all say 0")
-        if (args.master_addr, args.master_port) != (head, port):
-            fail(f"{where}: rendezvous at {args.master_addr}:{args.master_port}", f"every node meets at the head node: --master-addr {head} --master-port {port}")
-        if not args.module or args.training_script != "course_lib.run":
-            fail(f"{where}: torchrun would run {args.training_script!r} as a {'module' if args.module else 'script file'}",
-                 "run the course's runner as a module: -m course_lib.run course_lib.capstone:train")
-        if list(args.training_script_args[:1]) != ["course_lib.capstone:train"]:
-            fail(f"{where}: course_lib.run gets {args.training_script_args}", "its first argument is the function: course_lib.capstone:train")
-    passed("torchrun accepts the command, and every node gets its own --node-rank and the same rendezvous")
+    For each of three jobs (2 nodes x 1 process here, 8 nodes x 8 GPUs, 1 node x 4) the check asks for every
+    node's command and judges what torchrun would do with them (``torchrun_meaning``), not how they are
+    spelled: static (``--master-addr/--master-port`` and a ``--node-rank`` per node) and c10d
+    (``--rdzv-backend c10d --rdzv-endpoint head:port``) rendezvous are both right.
+    """
+    for nnodes, nproc, head, port in _TORCHRUN_JOBS:
+        meanings = []
+        for node_rank in range(nnodes):
+            where = f"node {node_rank} of {nnodes} ({nproc} process{'es' if nproc > 1 else ''} each, head {head}, port {port})"
+            argv = torchrun_command(nnodes, nproc, node_rank, head, port)
+            if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+                fail(f"expected a list of strings, got {argv!r}",
+                     "e.g. ['torchrun', '--nnodes', '2', ...]: one string per argument, numbers as str(...)")
+            argv = list(argv)
+            if argv[0] != "torchrun":
+                fail(f"the command starts with {argv[0]!r}", "start it with 'torchrun' (the cell below runs it)")
+            try:
+                meaning = torchrun_meaning(argv)
+            except ValueError as error:
+                fail(f"{where}: torchrun would refuse {' '.join(argv[1:])}: {error}",
+                     "write flags as torchrun spells them, each followed by its value: --nnodes 2 --nproc-per-node 1")
+            meanings.append(meaning)
+            low, high = meaning["nodes"]
+            if high != nnodes or (meaning["backend"] == "static" and low != nnodes):
+                fail(f"{where}: --nnodes says {low if low == high else f'{low}:{high}'}",
+                     "--nnodes is the number of machines (torchrun per machine), not of processes"
+                     + ("" if meaning["backend"] != "static" else "; a static rendezvous needs exactly that many"))
+            if meaning["nproc_per_node"] != str(nproc):
+                hint = ("that is the world size: torchrun starts --nproc-per-node processes on THIS node, one per local GPU"
+                        if meaning["nproc_per_node"] == str(nnodes * nproc) else
+                        "pass the number you were given: 'auto' and 'gpu' count this machine's devices (or CPU cores)"
+                        if not meaning["nproc_per_node"].isdigit() else
+                        "torchrun starts that many processes on THIS node: one per local GPU, not the world size")
+                fail(f"{where}: --nproc-per-node is {meaning['nproc_per_node']}", hint)
+            if meaning["overridden"] == "--standalone" and nnodes > 1:
+                fail(f"{where}: --standalone makes torchrun start its own rendezvous on this machine (localhost:0, "
+                     "a random id) and ignore the rendezvous you gave: the nodes never meet",
+                     "--standalone is for one-node jobs only; drop it on a multi-node job")
+            if meaning["backend"] not in _RDZV_BACKENDS:
+                fail(f"{where}: rendezvous backend {meaning['backend']!r}",
+                     "use the static rendezvous (--master-addr/--master-port, --node-rank) or c10d (--rdzv-backend c10d "
+                     "--rdzv-endpoint head:port); etcd needs an etcd server nobody started")
+            if nnodes > 1 and (meaning["host"], meaning["port"]) != (head, port):
+                if meaning["backend"] == "c10d" and not meaning["endpoint_given"]:
+                    fail(f"{where}: c10d rendezvous without --rdzv-endpoint: each node would host its own store on "
+                         "localhost:29400 and wait for the others there",
+                         "with c10d, torchrun ignores --master-addr/--master-port: give every node "
+                         f"--rdzv-endpoint {head}:{port}")
+                fail(f"{where}: the rendezvous is at {meaning['host']}:{meaning['port']}",
+                     f"every node meets at the head node: {head}:{port} (--master-addr {head} --master-port {port}, "
+                     f"or --rdzv-endpoint {head}:{port} with c10d); torchrun's static default port is 29500")
+            if meaning["no_python"] or meaning["run_path"] or not meaning["module"] or meaning["script"] != "course_lib.run":
+                fail(f"{where}: torchrun would run {meaning['script']!r} as "
+                     f"{'a module' if meaning['module'] else 'a program' if meaning['no_python'] else 'a script file'}",
+                     "run the course's runner as a module: -m course_lib.run course_lib.capstone:train")
+            if meaning["script_args"] != ["course_lib.capstone:train"]:
+                fail(f"{where}: course_lib.run gets {meaning['script_args']}",
+                     "its only argument is the function, course_lib.capstone:train (the cell below appends the steps "
+                     "and the batch size)")
+        if nnodes == 1:
+            continue
+        shared = {(m["backend"], m["host"], m["port"], m["id"], m["nodes"]) for m in meanings}
+        if len(shared) > 1:
+            ids = sorted({m["id"] for m in meanings})
+            fail(f"{nnodes} nodes: the nodes' rendezvous differ ({'--rdzv-id ' + ', '.join(ids) if len(ids) > 1 else 'endpoints'})",
+                 "every node must name the same rendezvous: the same backend, endpoint, --rdzv-id and --nnodes")
+        if meanings[0]["backend"] == "static":
+            ranks = [m["node_rank"] for m in meanings]
+            if sorted(ranks) != list(range(nnodes)):
+                fail(f"{nnodes} nodes with a static rendezvous: their --node-rank values are {ranks}",
+                     "every node needs its own rank, 0 to nnodes - 1 (without --node-rank all say 0); or let c10d "
+                     "assign them")
+    passed("torchrun would start every node of the three jobs (2 x 1, 8 x 8, 1 x 4) into one rendezvous at the head")
