@@ -73,6 +73,37 @@ class HoldsObjects(AppState):
         return {"model": self.model, "optimizer": self.optimizer, "step": self.step}
 
 
+class LoadsModelAndStepOnly(AppState):  # saves everything, gives the optimizer nothing back
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.step = state_dict["step"]
+
+
+class LoadsStepOnly(AppState):  # relies on dcp.load writing in place
+    def load_state_dict(self, state_dict):
+        self.step = state_dict["step"]
+
+
+class LoadsFusedOptimizerOnly(AppState):  # the tables' optimizer gets the state, Adam does not
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.model.fused_optimizer.load_state_dict(state_dict["optimizer"])
+        self.step = state_dict["step"]
+
+
+class RebindsInsteadOfLoading(AppState):  # replaces its attributes with the dicts: the model never sees them
+    def load_state_dict(self, state_dict):
+        self.model_state, self.optimizer_state = state_dict["model"], state_dict["optimizer"]
+        self.step = state_dict["step"]
+
+
+class StepReadButNotKept(AppState):  # reads the step into a local name
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        step = state_dict["step"]  # noqa: F841
+
+
 def test_app_state_check_accepts_the_solution(capsys):
     lab08.check_app_state(AppState)
     assert capsys.readouterr().out.startswith("✓")
@@ -86,6 +117,11 @@ def test_app_state_check_accepts_the_solution(capsys):
         (FusedOptimizerOnly, "Adam's state for the dense part was not restored"),
         (WithoutStep, "the step was not restored"),
         (HoldsObjects, "raised"),
+        (LoadsModelAndStepOnly, "does not restore the fused Adagrad state nor Adam's state"),
+        (LoadsStepOnly, "does not restore the model's weights"),
+        (LoadsFusedOptimizerOnly, "Different parameter count"),  # the combined state into the fused optimizer
+        (RebindsInsteadOfLoading, "does not restore the model's weights"),
+        (StepReadButNotKept, "the step was not restored"),
     ],
 )
 def test_app_state_check_rejects_wrong_answers(wrong, words):
@@ -147,6 +183,37 @@ def save_into_root(app, root):
     return root
 
 
+def save_without_the_step(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": {"model": app.model.state_dict(), "optimizer": app.optimizer.state_dict()}}, checkpoint_id=folder)
+    return folder
+
+
+def save_under_another_key(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"state": app}, checkpoint_id=folder)
+    return folder
+
+
+def save_the_fused_optimizer_only(app, root):  # the tables' Adagrad, not Adam's state
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    state = {"model": app.model.state_dict(), "optimizer": app.model.fused_optimizer.state_dict(), "step": app.step}
+    dcp.save({"app": state}, checkpoint_id=folder)
+    return folder
+
+
 def test_save_check_accepts_the_solution(capsys):
     lab08.check_save(save)
     assert capsys.readouterr().out.startswith("✓")
@@ -158,6 +225,9 @@ def test_save_check_accepts_the_solution(capsys):
         (save_rank_zero_with_torch_save, "no DCP checkpoint under root"),
         (save_the_model_only, "holds no optimizer state"),
         (save_into_root, "not into a step folder"),
+        (save_without_the_step, "Missing key .*app.step"),
+        (save_under_another_key, "(?s)cannot be loaded as .*under the key 'app'"),
+        (save_the_fused_optimizer_only, "cannot be loaded as .*Missing key .*exp_avg|cannot be loaded as .*Missing key"),
     ],
 )
 def test_save_check_rejects_wrong_answers(wrong, words):
@@ -261,6 +331,18 @@ def reload_the_model_only(path, config, per_table):
     return app
 
 
+def reload_without_the_step(path, config, per_table):  # model and optimizer back, the step left at 0
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    optimizer = training.optimizer(model)
+    checkpoint.init_optimizer_state(optimizer)
+    dcp.load({"app": {"model": model.state_dict(), "optimizer": optimizer.state_dict()}}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer)
+
+
 def test_reload_check_accepts_the_solution(capsys):
     lab08.check_reload(reload)
     assert capsys.readouterr().out.startswith("✓")
@@ -273,6 +355,7 @@ def test_reload_check_accepts_the_solution(capsys):
         (reload_ignoring_per_table, "tables are \\['table_wise'\\], the plan asks for row_wise"),
         (reload_without_initialising_adam, "Adam's state was not restored"),
         (reload_the_model_only, "the optimizer's state was not restored"),
+        (reload_without_the_step, "the reloaded step is 0"),
     ],
 )
 def test_reload_check_rejects_wrong_answers(wrong, words):

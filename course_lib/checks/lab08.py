@@ -136,9 +136,9 @@ def _predict(model: Any) -> torch.Tensor:
 def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
-    model = _shard()
-    from course_lib import training
+    from course_lib import checkpoint, training
 
+    model = _shard()
     optimizer = training.optimizer(model)
     _train(model, optimizer, range(_SAVED_AT))
     saved = _state(model, optimizer)
@@ -159,6 +159,24 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
         return report
     report["differences"] = _differences(_state(model, optimizer), saved)
     report["step"] = app.step
+    # load_state_dict on its own: a fresh app gets a state dict that does not share its tensors (read from the
+    # checkpoint into another model's), as from a dcp_to_torch_save file or any load that is not in place
+    donor_model = _shard()
+    donor_optimizer = training.optimizer(donor_model)
+    fresh_model = _shard()
+    fresh_optimizer = training.optimizer(fresh_model)
+    for each in (donor_optimizer, fresh_optimizer):
+        checkpoint.init_optimizer_state(each)
+    try:
+        state = {"app": app_state_class(donor_model, donor_optimizer, 0).state_dict()}
+        dcp.load(state, checkpoint_id=folder)  # a plain dict: filled in place, no load_state_dict called
+        fresh = app_state_class(fresh_model, fresh_optimizer, 0)
+        fresh.load_state_dict(state["app"])
+    except _ERRORS as error:
+        report["fresh_error"] = _first_line(error)
+        return report
+    report["fresh_differences"] = _differences(_state(fresh_model, fresh_optimizer), saved)
+    report["fresh_step"] = fresh.step
     return report
 
 
@@ -204,7 +222,28 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
             "put the step in state_dict() and set self.step from it in load_state_dict(): the data order and the "
             "learning-rate schedule depend on it",
         )
-    passed("AppState restores the weights, the fused Adagrad state, Adam's state and the step")
+    in_place = ("dcp.load looked right only because it copies into the very tensors your state_dict() returned "
+                "(in place), before it calls load_state_dict()")
+    if "fresh_error" in report:
+        fail(f"load_state_dict() of a fresh AppState, given a state dict read from the checkpoint, raised "
+             f"{report['fresh_error']}",
+             "load_state_dict(state_dict) gets back exactly what state_dict() returned: give each part to its owner")
+    fresh = report["fresh_differences"]
+    lost = [part for part, key in (("the model's weights", "model"), ("the fused Adagrad state", "fused"),
+                                   ("Adam's state", "adam")) if fresh[key] > 0]
+    if lost:
+        fail(
+            f"load_state_dict() does not restore {' nor '.join(lost)}: a fresh AppState given a state dict read "
+            f"from the checkpoint keeps its own; {in_place}",
+            "in load_state_dict, hand each part to its owner: self.model.load_state_dict(state_dict['model']) and "
+            "self.optimizer.load_state_dict(state_dict['optimizer']) (a state dict loaded any other way, e.g. from "
+            "a dcp_to_torch_save file, shares no tensor with your model)",
+        )
+    if report["fresh_step"] != _SAVED_AT:
+        fail(f"load_state_dict() leaves the step at {report['fresh_step']}, the state dict says {_SAVED_AT}",
+             "set self.step from the state dict in load_state_dict()")
+    passed("AppState restores the weights, the fused Adagrad state, Adam's state and the step, in place (dcp.load) "
+           "and through load_state_dict() alone")
 
 
 # ------------------------------------------------------------------------------------------ exercise 2
