@@ -172,3 +172,48 @@ def flag_without_value(nnodes, nproc, node_rank, head, port):
 def test_torchrun_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab09.check_torchrun_command(wrong)
+
+
+# ------------------------------------------------------------------------ a plan under two budgets
+
+
+def _every_table(sharding_type=None, kernel="fused", load_factor=None, names=None):
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    names = names or [t.name for t in lab09.production_tables()]
+    return {name: ParameterConstraints(sharding_types=[sharding_type] if sharding_type else None, compute_kernels=[kernel],
+                                       cache_params=CacheParams(load_factor=load_factor) if load_factor else None)
+            for name in names}
+
+
+BIG = [f"t{i:02d}" for i in range(10)]
+
+
+@pytest.mark.parametrize("right", [
+    lambda: _every_table("grid_shard"),  # the lab's solution: every row in HBM, a node's traffic on NVLink
+    lambda: _every_table("table_row_wise", "fused_uvm_caching", 0.75),  # a quarter of the big tables' rows on the host
+])
+def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
+    lab09.check_budget_plan(right())
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda: {}, "over the memory budget"),  # the planner's own choice: table-row-wise, 23.9 GiB on some ranks
+        (lambda: _every_table(kernel="fused"), "over the memory budget"),
+        (lambda: _every_table("row_wise"), "over the communication budget"),  # even bytes, partial sums over the network
+        (lambda: _every_table("column_wise"), "over the memory budget"),
+        (lambda: _every_table(kernel="fused_uvm_caching", load_factor=0.5), "over the memory budget"),  # cache, planner's layout
+        (lambda: _every_table("row_wise", names=BIG), "over the communication budget"),  # only the big tables constrained
+        (lambda: _every_table("table_wise"), "finds no plan"),
+        (lambda: {**_every_table("grid_shard"), "t20": _every_table("grid_shard")["t00"]}, "t20 is not a table"),
+        (lambda: [_every_table("grid_shard")], "expected a dict"),
+        (lambda: {"t00": "grid_shard"}, "the constraint of t00 is a str"),
+    ],
+)
+def test_budget_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab09.check_budget_plan(wrong())

@@ -1,4 +1,5 @@
-"""Checks for 09_scale: fit a production layout into HBM with a cache, lookup bandwidth, a multi-node torchrun command."""
+"""Checks for 09_scale: fit a production layout into HBM with a cache, a plan under a memory and a communication budget,
+lookup bandwidth, a multi-node torchrun command."""
 from __future__ import annotations
 
 import math
@@ -74,6 +75,84 @@ def check_load_factor(load_factor: float) -> None:
             "pick the largest that fits: a bigger cache keeps more hot rows in HBM, so fewer lookups miss to host memory",
         )
     passed(f"load factor {load_factor}: the largest cache that fits {WORLD_SIZE} GPUs of {HBM_GIB} GiB")
+
+
+# ------------------------------------------------------------------------ a plan under two budgets
+
+PLAN_HBM_CAP_GIB = 80  # the H100s of the lab's cluster
+HBM_BUDGET_GIB = 20.0  # per rank: the rest of the 80 GiB stays for the dense part, activations, NCCL buffers
+COMMS_BUDGET_MS = 5.0  # the busiest rank's estimated communication per step (forward + backward)
+
+
+def plan_estimates(constraints: dict[str, Any] | None, hbm_cap_gib: float = PLAN_HBM_CAP_GIB) -> dict[str, Any]:
+    """Plan the production tables on 64 GPUs (8 nodes of 8, `hbm_cap_gib` each) with `constraints`, and read the
+    planner's own estimates of the plan it chose: HBM per rank (GiB; its storage estimate, with optimizer state
+    and buffers) and communication per rank (ms per step, forward + backward), the largest of each, and each
+    table's sharding type and kernel. Raises the planner's ``PlannerError`` when it finds no plan."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from course_lib import planning
+
+    tables = production_tables()
+    topology = planning.topology(WORLD_SIZE, local_world_size=RANKS_PER_NODE, compute_device="cuda",
+                                 hbm_cap_bytes=int(hbm_cap_gib * 2**30))
+    estimates = planning.Estimates()
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints or None, callbacks=[estimates])
+    planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
+    hbm = [0.0] * WORLD_SIZE
+    comms = [0.0] * WORLD_SIZE
+    for option in estimates.options:
+        for shard in option.shards:
+            hbm[shard.rank] += shard.storage.hbm / 2**30
+            comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
+    return {
+        "max HBM GiB": max(hbm), "max comms ms": max(comms), "HBM GiB per rank": hbm, "comms ms per rank": comms,
+        "tables": {option.name: (option.sharding_type, option.compute_kernel) for option in estimates.options},
+    }
+
+
+@exercise
+def check_budget_plan(constraints: Any) -> None:
+    """`constraints` (table name -> ``ParameterConstraints``, for some or all of the production tables) must make
+    the planner's plan on 64 x 80 GiB meet both budgets, by the planner's own estimates: at most
+    HBM_BUDGET_GIB of HBM on every rank, at most COMMS_BUDGET_MS of communication on the busiest rank."""
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import PlannerError
+
+    if not isinstance(constraints, dict):
+        fail(f"expected a dict of table name -> ParameterConstraints, got {type(constraints).__name__}",
+             "return the constraints you give the planner (plan_cluster(80, constraints)), not a plan or a list")
+    names = {t.name for t in production_tables()}
+    unknown = sorted(set(constraints) - names)
+    if unknown:
+        fail(f"{', '.join(map(str, unknown[:3]))} {'is' if len(unknown) == 1 else 'are'} not a table of the model",
+             "constraints are keyed by table name: t00 ... t19 (lab09.production_tables())")
+    wrong = sorted(k for k, v in constraints.items() if not isinstance(v, ParameterConstraints))
+    if wrong:
+        fail(f"the constraint of {wrong[0]} is a {type(constraints[wrong[0]]).__name__}",
+             "each value is a torchrec ParameterConstraints(sharding_types=[...], compute_kernels=[...], ...)")
+    try:
+        found = plan_estimates(constraints)
+    except PlannerError:
+        fail(f"the planner finds no plan on {WORLD_SIZE} GPUs of {PLAN_HBM_CAP_GIB} GiB with these constraints",
+             "a 100 M x 256 table is 95 GiB in fp32: it must be cut (row-, column-, table-row-wise, grid) or cached")
+    hbm, comms = found["max HBM GiB"], found["max comms ms"]
+    kinds = sorted({f"{kind} ({kernel})" for kind, kernel in found["tables"].values()})
+    said = f"the planner's estimates for your plan ({', '.join(kinds)}): {hbm:.1f} GiB of HBM on the fullest rank, " \
+           f"{comms:.2f} ms of communication per step on the busiest"
+    if hbm > HBM_BUDGET_GIB and comms > COMMS_BUDGET_MS:
+        fail(f"{said}: over both budgets ({HBM_BUDGET_GIB:g} GiB, {COMMS_BUDGET_MS:g} ms)",
+             "start from a plan that meets one budget and change what breaks the other")
+    if hbm > HBM_BUDGET_GIB:
+        fail(f"{said}: over the memory budget of {HBM_BUDGET_GIB:g} GiB",
+             "spread the big tables' bytes more evenly, or keep only part of their rows in HBM (a UVM cache): "
+             "table-row-wise puts a whole 100 M-row table on one node, and some nodes get two")
+    if comms > COMMS_BUDGET_MS:
+        fail(f"{said}: over the communication budget of {COMMS_BUDGET_MS:g} ms",
+             "row-wise sharding across all 64 GPUs reduce-scatters every bag's partial sums over the network; keep "
+             "that traffic inside a node (table-row-wise or grid sharding)")
+    passed(f"{said}: within both budgets ({HBM_BUDGET_GIB:g} GiB, {COMMS_BUDGET_MS:g} ms)")
 
 
 _LOOKUP_CASES = (
