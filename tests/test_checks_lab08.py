@@ -361,3 +361,118 @@ def test_reload_check_accepts_the_solution(capsys):
 def test_reload_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab08.check_reload(wrong, world_size=2)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def _mixed_app(path, config, per_table, init=True):
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    optimizer = training.optimizer(model)
+    if init:
+        checkpoint.init_optimizer_state(optimizer)
+    return model, optimizer
+
+
+def reload_mixed(path, config, per_table):  # the lab's solution: ask for what the checkpoint has
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    saved = set(checkpoint.contents(path).index)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
+    state["optimizer"] = {"state": {param: values for param, values in state["optimizer"]["state"].items()
+                                    if all(f"app.optimizer.state.{param}.{name}" in saved for name in values)}}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def mixed_load_everything(path, config, per_table):  # the whole new app state: Adam keys the checkpoint lacks
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    app = checkpoint.AppState(model, optimizer)
+    dcp.load({"app": app}, checkpoint_id=path)
+    return app
+
+
+def mixed_weights_and_step_only(path, config, per_table):  # section 7's fix, applied where it throws state away
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    state = {"model": model.state_dict(), "step": 0}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def mixed_weights_only(path, config, per_table):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    dcp.load({"app": {"model": model.state_dict()}}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, 3)
+
+
+def mixed_without_initialising_adam(path, config, per_table):  # the filter keeps only what exists: no Adam yet
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table, init=False)
+    saved = set(checkpoint.contents(path).index)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
+    state["optimizer"] = {"state": {p: v for p, v in state["optimizer"]["state"].items()
+                                    if all(f"app.optimizer.state.{p}.{n}" in saved for n in v)}}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def mixed_adagrad_into_adam(path, config, per_table):  # "translates" the accumulator into Adam's second moment
+    import torch.distributed.checkpoint as dcp
+
+    app = reload_mixed(path, config, per_table)
+    state = app.optimizer.state_dict()["state"]
+    for table in ("t_category", "t_terms"):
+        key = f"model.sparse_arch.embedding_bag_collection.embedding_bags.{table}.weight"
+        donor = {"momentum": torch.zeros_like(state[key]["exp_avg_sq"])}
+        dcp.load({"app": {"optimizer": {"state": {key: {f"{table}.momentum1": donor["momentum"]}}}}}, checkpoint_id=path)
+        state[key]["exp_avg_sq"].copy_(donor["momentum"])
+    return app
+
+
+def mixed_as_saved(path, config, per_table):  # ignores the layout it was given
+    import torch.distributed as dist
+
+    return reload(path, config, {t.name: __import__("torchrec.distributed.sharding_plan", fromlist=["table_wise"])
+                                 .table_wise(rank=i % dist.get_world_size(), compute_kernel="fused")
+                                 for i, t in enumerate(config.tables(16))})
+
+
+def test_mixed_reload_check_accepts_the_solution(capsys):
+    lab08.check_mixed_reload(reload_mixed)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (mixed_load_everything, "(?s)Missing key.*decide which parts"),
+        (mixed_weights_and_step_only, "Adagrad state of t_user and t_item"),
+        (mixed_weights_only, "Adagrad state of t_user and t_item"),
+        (mixed_without_initialising_adam, "Adam's state of the dense part"),
+        (mixed_adagrad_into_adam, "not a fresh one"),
+        (mixed_as_saved, "the layout asks for"),
+    ],
+)
+def test_mixed_reload_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab08.check_mixed_reload(wrong)
