@@ -217,6 +217,30 @@ def params_only(shapes, world_size, rank):
     return fsdp_dense_bytes(shapes, world_size, rank) // 4
 
 
+def floor_rows(shapes, world_size, rank):  # rows // ranks on every rank: the remainder rows belong to no one
+    return sum(16 * (s[0] // world_size) * math.prod(s[1:]) for s in shapes.values())
+
+
+def last_rank_gets_the_rest(shapes, world_size, rank):  # np.array_split order reversed: short chunks first
+    total = 0
+    for shape in shapes.values():
+        rows = shape[0]
+        per_rank = math.ceil(rows / world_size)
+        mine = max(0, min(per_rank, rows - (world_size - 1 - rank) * per_rank))
+        total += 16 * mine * math.prod(shape[1:])
+    return total
+
+
+def cut_the_last_dim(shapes, world_size, rank):  # Shard(-1) instead of Shard(0)
+    total = 0
+    for shape in shapes.values():
+        cols = shape[-1]
+        per_rank = math.ceil(cols / world_size)
+        mine = max(0, min(per_rank, cols - rank * per_rank))
+        total += 16 * mine * math.prod(shape[:-1])
+    return total
+
+
 def not_written(shapes, world_size, rank):
     raise NotImplementedError()
 
@@ -235,6 +259,9 @@ def test_bytes_check_accepts_the_solution(capsys):
         (params_only, "count the gradient"),
         (lambda shapes, world_size, rank: "many", "return a number"),
         (not_written, "not written yet"),
+        (floor_rows, "you predicted"),
+        (last_rank_gets_the_rest, "you predicted"),
+        (cut_the_last_dim, "you predicted"),
     ],
 )
 def test_bytes_check_rejects_wrong_answers(wrong, words):

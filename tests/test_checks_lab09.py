@@ -18,6 +18,9 @@ def test_load_factor_check_accepts_the_largest_that_fits(capsys):
         (0.9, "finds no plan"),
         (0.25, "so does 0.5"),  # fits, but wastes HBM
         (0.3, "not one of the load factors"),
+        (0.1, "so does 0.25"),  # the smallest cache: fits, and misses the most
+        (0.5, "so does 0.75"),
+        ("0.75", "not one of the load factors"),  # a string, not the number
     ],
 )
 def test_load_factor_check_rejects_wrong_answers(answer, words):
