@@ -45,6 +45,10 @@ def test_lookup_check_accepts_the_solution(capsys):
         (lambda n, d, s, e=4: n * d * e / s / 2**30, "decimal"),  # GiB/s
         (lambda n, d, s, e=4: n * d * e / (s * 1e3) / 1e9, "seconds are seconds"),
         (lambda n, d, s, e=4: "fast", "return a number"),
+        (lambda n, d, s, e=4: n * d * 4 / s / 1e9, "use bytes_per_element"),  # fp32 assumed for every table
+        (lambda n, d, s, e=4: n * e / s / 1e9, "each id reads a row|bytes read"),  # ids x bytes, no dim
+        (lambda n, d, s, e=4: 8 * n * d * e / s / 1e9, "bytes read = ids"),  # bits, not bytes
+        (lambda n, d, s, e=4: n * d * e * s / 1e9, "bytes read = ids"),  # multiplied by the time
     ],
 )
 def test_lookup_check_rejects_wrong_answers(wrong, words):

@@ -169,10 +169,13 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     for num_ids, dim, seconds, element in _LOOKUP_CASES:
         expected = num_ids * dim * element / seconds / 1e9
         got = lookup_gb_per_s(num_ids, dim, seconds, element)
-        if not isinstance(got, (int, float)):
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
             fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
+        if element != 4 and math.isclose(got, num_ids * dim * 4 / seconds / 1e9, rel_tol=1e-6):
+            fail(f"for {num_ids:,} ids of dim {dim} ({element} bytes each) in {seconds} s: got {got:.4g}, expected "
+                 f"{expected:.4g} GB/s", f"use bytes_per_element: these rows are {element} bytes per element (fp16), not 4")
         ratio = got / expected if expected else float("inf")
         hints = {
             1 / element: "each id reads a row of embedding_dim elements of bytes_per_element bytes each",
