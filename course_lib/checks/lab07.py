@@ -154,7 +154,8 @@ def _judge_start(reports: list[dict[str, Any]]) -> None:
             "before fully_shard, broadcast rank 0's dense parameters to every rank, as DDP does when it wraps a "
             "model: with torch.no_grad(), dist.broadcast(p.data, src=0) for every parameter of "
             + ("the dense modules" if {n.split(".")[1] for n in differ} == {n.split(".")[1] for n in names}
-               else f"every dense module ({shown} too)"),
+               else f"every dense module ({shown} too)")
+            + " (with async_op=True, wait() on each Work before fully_shard)",
         )
     if all(torch.equal(start[n], before1[n]) for n in differ):
         fail(
