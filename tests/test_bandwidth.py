@@ -94,3 +94,19 @@ def test_time_shares_add_up_and_name_the_fused_kernel(capfd):
     assert "fbgemm::split_embedding_codegen_forward_cpu" in shares
     assert list(shares.values()) == sorted(shares.values(), reverse=True)
     assert "profiler_start" not in capfd.readouterr().err
+
+
+def test_the_benchmark_prints_every_method_and_its_ratio_to_the_random_row_limit():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "lookup_bandwidth.py"), "--rows", "20000", "--dim", "16",
+         "--batch-size", "64", "--ids-per-bag", "4", "--threads", "1", "--rounds", "1", "--repeats", "2"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    for method in ("memory copy", "F.embedding_bag", "index_select", "fused EBC"):
+        assert method in out
+    assert "x random-row limit" in out and "random-row limit with 1 thread(s)" in out
