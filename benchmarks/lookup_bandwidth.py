@@ -1,11 +1,15 @@
-"""Memory bandwidth against embedding lookup bandwidth on this machine: how close a fused EBC gets to the limit.
+"""The limit of an embedding lookup on this machine: a streaming copy and three reads of the same random rows,
+with the ratio of each to the random-row limit.
 
-    .venv/bin/python benchmarks/lookup_bandwidth.py [--rows 2000000] [--dim 64] [--repeats 5]
+    .venv/bin/python benchmarks/lookup_bandwidth.py [--rows 2000000] [--dim 64] [--batch-size 4096]
+        [--ids-per-bag 32] [--threads 1 2] [--rounds 5] [--repeats 5] [--device cpu|cuda]
 
-memory copy: a 256 MiB float32 tensor copied into another (bytes read + written per second).
-lookup: forward passes of a fused EBC (fbgemm's table-batched kernel) over uniformly random ids on one
-table far larger than the CPU caches (bytes of embedding rows read per second). Both are the best of
-`--repeats` runs (course_lib.bandwidth); every figure is measured in this run.
+On one table (`--rows` x `--dim` fp32, far larger than the CPU caches) and one batch of uniformly random ids
+(course_lib.bandwidth.compare_lookups): memory copy (256 MiB, bytes read + written per second), plain
+`F.embedding_bag`, `index_select` into a reused buffer, and the fused EBC (fbgemm's TBE) on its own table, at
+each `--threads` count. The random-row limit of a thread count is the best of the two plain torch reads;
+every other figure is printed as a ratio to it. Best of `--rounds` x `--repeats` interleaved runs; every
+figure is measured in this run.
 """
 from __future__ import annotations
 
@@ -22,7 +26,10 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--ids-per-bag", type=int, default=32)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (then --threads only sets the host's threads)")
     opts = parser.parse_args()
 
     import torch
@@ -31,12 +38,14 @@ def main() -> None:
     from course_lib.launcher import quiet
 
     quiet.install()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    copy = bandwidth.memory_bandwidth(repeats=opts.repeats)
-    lookup = bandwidth.lookup_bandwidth(opts.rows, opts.dim, opts.batch_size, opts.ids_per_bag, repeats=opts.repeats)
-    print(copy)
-    print(f"{lookup}   (table {opts.rows:,} x {opts.dim}, {opts.batch_size} bags x {opts.ids_per_bag} ids)")
-    print(f"ratio lookup / memory copy = {lookup.gb_per_s / copy.gb_per_s:.2f}")
+    lookup = bandwidth.random_lookup(opts.rows, opts.dim, opts.batch_size, opts.ids_per_bag, device=opts.device)
+    print(f"torch {torch.__version__}, device {opts.device}, {os.cpu_count()} CPUs; {lookup.describe()}")
+    rows = bandwidth.compare_lookups(lookup, threads=opts.threads, rounds=opts.rounds, repeats=opts.repeats)
+    print(f"{'threads':>7}  {'method':<16} {'GB/s':>7}  {'x random-row limit':>18}")
+    for row in rows:
+        print(f"{row['threads']:>7}  {row['method']:<16} {row['GB/s']:>7.1f}  {row['ratio to random-row limit']:>18.2f}")
+    for count, limit in bandwidth.random_row_limit(rows).items():
+        print(f"random-row limit with {count} thread(s): {limit:.1f} GB/s (the best plain torch read of the same rows)")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,100 @@ from course_lib.checks import CheckFailed, lab07
 
 class ShardDenseWithFSDP(DataParallelWrapper):  # the lab's solution
     def wrap(self, dmp, env, device):
+        import torch
+        import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
 
         dlrm = dmp._dmp_wrapped_module.model
+        dense = (dlrm.dense_arch, dlrm.over_arch)
+        with torch.no_grad():
+            for module in dense:
+                for p in module.parameters():
+                    dist.broadcast(p.data, src=0)
+        for module in dense:
+            fully_shard(module)
+
+
+class ShardWithoutBroadcast(DataParallelWrapper):  # the lab's old solution: each rank keeps its own rows
+    def wrap(self, dmp, env, device):
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            fully_shard(module)
+
+
+class BroadcastDenseArchOnly(DataParallelWrapper):  # one dense module synchronised, the other not
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for p in dlrm.dense_arch.parameters():
+            dist.broadcast(p.data, src=0)
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            fully_shard(module)
+
+
+class BroadcastFromRank1(DataParallelWrapper):
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for p in module.parameters():
+                dist.broadcast(p.data, src=1)
+            fully_shard(module)
+
+
+class AverageTheWeights(DataParallelWrapper):  # all_reduce where a broadcast belongs
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for p in module.parameters():
+                dist.all_reduce(p.data)
+                p.data /= dist.get_world_size()
+            fully_shard(module)
+
+
+class ReseedAndReinitialise(DataParallelWrapper):  # equal on every rank, but not the model DDP would train
+    def wrap(self, dmp, env, device):
+        import torch
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        torch.manual_seed(0)
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for m in module.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.reset_parameters()
+            fully_shard(module)
+
+
+class BroadcastAfterShard(DataParallelWrapper):  # too late: each rank holds only its rows by then
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            fully_shard(module)
+            for p in module.parameters():
+                dist.broadcast(p.to_local(), src=0)
+
+
+class BroadcastTheWholeModel(DataParallelWrapper):  # the tables too: each rank holds other shards
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for p in dmp._dmp_wrapped_module.parameters():
+            dist.broadcast(p.data, src=0)
         for module in (dlrm.dense_arch, dlrm.over_arch):
             fully_shard(module)
 
@@ -69,7 +160,8 @@ def test_wrapper_check_accepts_the_solution_and_the_library_wrapper(capsys):
     lab07.check_wrapper(FullyShardDense())
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(line.startswith("✓") for line in out)
-    assert "8 dense parameters are Shard(0) DTensors" in out[0] and "reduce_scatter" in out[0]
+    assert "8 dense parameters are Shard(0) DTensors holding rank 0's initial weights" in out[0]
+    assert "reduce_scatter" in out[0]
 
 
 @pytest.mark.parametrize(
@@ -82,6 +174,13 @@ def test_wrapper_check_accepts_the_solution_and_the_library_wrapper(capsys):
         (ShardPerceptronsOnly, r"over_arch\.model\.1\.weight.* still plain"),
         (NotWritten, "not written yet"),
         (object, "expected a DataParallelWrapper"),
+        (ShardWithoutBroadcast, "patchwork"),
+        (BroadcastDenseArchOnly, "patchwork .*over_arch"),
+        (BroadcastFromRank1, "rank 1's dense weights"),
+        (AverageTheWeights, "mean of the ranks' initial weights"),
+        (ReseedAndReinitialise, "not rank 0's initial weights"),
+        (BroadcastAfterShard, "before fully_shard"),
+        (BroadcastTheWholeModel, "only the dense modules|tables"),
     ],
 )
 def test_wrapper_check_rejects_wrong_answers(wrong, words):
@@ -118,6 +217,30 @@ def params_only(shapes, world_size, rank):
     return fsdp_dense_bytes(shapes, world_size, rank) // 4
 
 
+def floor_rows(shapes, world_size, rank):  # rows // ranks on every rank: the remainder rows belong to no one
+    return sum(16 * (s[0] // world_size) * math.prod(s[1:]) for s in shapes.values())
+
+
+def last_rank_gets_the_rest(shapes, world_size, rank):  # np.array_split order reversed: short chunks first
+    total = 0
+    for shape in shapes.values():
+        rows = shape[0]
+        per_rank = math.ceil(rows / world_size)
+        mine = max(0, min(per_rank, rows - (world_size - 1 - rank) * per_rank))
+        total += 16 * mine * math.prod(shape[1:])
+    return total
+
+
+def cut_the_last_dim(shapes, world_size, rank):  # Shard(-1) instead of Shard(0)
+    total = 0
+    for shape in shapes.values():
+        cols = shape[-1]
+        per_rank = math.ceil(cols / world_size)
+        mine = max(0, min(per_rank, cols - rank * per_rank))
+        total += 16 * mine * math.prod(shape[:-1])
+    return total
+
+
 def not_written(shapes, world_size, rank):
     raise NotImplementedError()
 
@@ -136,6 +259,9 @@ def test_bytes_check_accepts_the_solution(capsys):
         (params_only, "count the gradient"),
         (lambda shapes, world_size, rank: "many", "return a number"),
         (not_written, "not written yet"),
+        (floor_rows, "you predicted"),
+        (last_rank_gets_the_rest, "you predicted"),
+        (cut_the_last_dim, "you predicted"),
     ],
 )
 def test_bytes_check_rejects_wrong_answers(wrong, words):

@@ -73,6 +73,37 @@ class HoldsObjects(AppState):
         return {"model": self.model, "optimizer": self.optimizer, "step": self.step}
 
 
+class LoadsModelAndStepOnly(AppState):  # saves everything, gives the optimizer nothing back
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.step = state_dict["step"]
+
+
+class LoadsStepOnly(AppState):  # relies on dcp.load writing in place
+    def load_state_dict(self, state_dict):
+        self.step = state_dict["step"]
+
+
+class LoadsFusedOptimizerOnly(AppState):  # the tables' optimizer gets the state, Adam does not
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.model.fused_optimizer.load_state_dict(state_dict["optimizer"])
+        self.step = state_dict["step"]
+
+
+class RebindsInsteadOfLoading(AppState):  # replaces its attributes with the dicts: the model never sees them
+    def load_state_dict(self, state_dict):
+        self.model_state, self.optimizer_state = state_dict["model"], state_dict["optimizer"]
+        self.step = state_dict["step"]
+
+
+class StepReadButNotKept(AppState):  # reads the step into a local name
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        step = state_dict["step"]  # noqa: F841
+
+
 def test_app_state_check_accepts_the_solution(capsys):
     lab08.check_app_state(AppState)
     assert capsys.readouterr().out.startswith("✓")
@@ -86,6 +117,11 @@ def test_app_state_check_accepts_the_solution(capsys):
         (FusedOptimizerOnly, "Adam's state for the dense part was not restored"),
         (WithoutStep, "the step was not restored"),
         (HoldsObjects, "raised"),
+        (LoadsModelAndStepOnly, "does not restore the fused Adagrad state nor Adam's state"),
+        (LoadsStepOnly, "does not restore the model's weights"),
+        (LoadsFusedOptimizerOnly, "Different parameter count"),  # the combined state into the fused optimizer
+        (RebindsInsteadOfLoading, "does not restore the model's weights"),
+        (StepReadButNotKept, "the step was not restored"),
     ],
 )
 def test_app_state_check_rejects_wrong_answers(wrong, words):
@@ -147,6 +183,37 @@ def save_into_root(app, root):
     return root
 
 
+def save_without_the_step(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": {"model": app.model.state_dict(), "optimizer": app.optimizer.state_dict()}}, checkpoint_id=folder)
+    return folder
+
+
+def save_under_another_key(app, root):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"state": app}, checkpoint_id=folder)
+    return folder
+
+
+def save_the_fused_optimizer_only(app, root):  # the tables' Adagrad, not Adam's state
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    state = {"model": app.model.state_dict(), "optimizer": app.model.fused_optimizer.state_dict(), "step": app.step}
+    dcp.save({"app": state}, checkpoint_id=folder)
+    return folder
+
+
 def test_save_check_accepts_the_solution(capsys):
     lab08.check_save(save)
     assert capsys.readouterr().out.startswith("✓")
@@ -158,6 +225,9 @@ def test_save_check_accepts_the_solution(capsys):
         (save_rank_zero_with_torch_save, "no DCP checkpoint under root"),
         (save_the_model_only, "holds no optimizer state"),
         (save_into_root, "not into a step folder"),
+        (save_without_the_step, "Missing key .*app.step"),
+        (save_under_another_key, "(?s)cannot be loaded as .*under the key 'app'"),
+        (save_the_fused_optimizer_only, "cannot be loaded as .*Missing key .*exp_avg|cannot be loaded as .*Missing key"),
     ],
 )
 def test_save_check_rejects_wrong_answers(wrong, words):
@@ -261,6 +331,18 @@ def reload_the_model_only(path, config, per_table):
     return app
 
 
+def reload_without_the_step(path, config, per_table):  # model and optimizer back, the step left at 0
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    optimizer = training.optimizer(model)
+    checkpoint.init_optimizer_state(optimizer)
+    dcp.load({"app": {"model": model.state_dict(), "optimizer": optimizer.state_dict()}}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer)
+
+
 def test_reload_check_accepts_the_solution(capsys):
     lab08.check_reload(reload)
     assert capsys.readouterr().out.startswith("✓")
@@ -273,8 +355,124 @@ def test_reload_check_accepts_the_solution(capsys):
         (reload_ignoring_per_table, "tables are \\['table_wise'\\], the plan asks for row_wise"),
         (reload_without_initialising_adam, "Adam's state was not restored"),
         (reload_the_model_only, "the optimizer's state was not restored"),
+        (reload_without_the_step, "the reloaded step is 0"),
     ],
 )
 def test_reload_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab08.check_reload(wrong, world_size=2)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def _mixed_app(path, config, per_table, init=True):
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    optimizer = training.optimizer(model)
+    if init:
+        checkpoint.init_optimizer_state(optimizer)
+    return model, optimizer
+
+
+def reload_mixed(path, config, per_table):  # the lab's solution: ask for what the checkpoint has
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    saved = set(checkpoint.contents(path).index)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
+    state["optimizer"] = {"state": {param: values for param, values in state["optimizer"]["state"].items()
+                                    if all(f"app.optimizer.state.{param}.{name}" in saved for name in values)}}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def mixed_load_everything(path, config, per_table):  # the whole new app state: Adam keys the checkpoint lacks
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    app = checkpoint.AppState(model, optimizer)
+    dcp.load({"app": app}, checkpoint_id=path)
+    return app
+
+
+def mixed_weights_and_step_only(path, config, per_table):  # section 7's fix, applied where it throws state away
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    state = {"model": model.state_dict(), "step": 0}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def mixed_weights_only(path, config, per_table):
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    dcp.load({"app": {"model": model.state_dict()}}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, 3)
+
+
+def mixed_without_initialising_adam(path, config, per_table):  # the filter keeps only what exists: no Adam yet
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table, init=False)
+    saved = set(checkpoint.contents(path).index)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
+    state["optimizer"] = {"state": {p: v for p, v in state["optimizer"]["state"].items()
+                                    if all(f"app.optimizer.state.{p}.{n}" in saved for n in v)}}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def mixed_adagrad_into_adam(path, config, per_table):  # "translates" the accumulator into Adam's second moment
+    import torch.distributed.checkpoint as dcp
+
+    app = reload_mixed(path, config, per_table)
+    state = app.optimizer.state_dict()["state"]
+    for table in ("t_category", "t_terms"):
+        key = f"model.sparse_arch.embedding_bag_collection.embedding_bags.{table}.weight"
+        donor = {"momentum": torch.zeros_like(state[key]["exp_avg_sq"])}
+        dcp.load({"app": {"optimizer": {"state": {key: {f"{table}.momentum1": donor["momentum"]}}}}}, checkpoint_id=path)
+        state[key]["exp_avg_sq"].copy_(donor["momentum"])
+    return app
+
+
+def mixed_as_saved(path, config, per_table):  # ignores the layout it was given
+    import torch.distributed as dist
+
+    return reload(path, config, {t.name: __import__("torchrec.distributed.sharding_plan", fromlist=["table_wise"])
+                                 .table_wise(rank=i % dist.get_world_size(), compute_kernel="fused")
+                                 for i, t in enumerate(config.tables(16))})
+
+
+def test_mixed_reload_check_accepts_the_solution(capsys):
+    lab08.check_mixed_reload(reload_mixed)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (mixed_load_everything, "(?s)Missing key.*decide which parts"),
+        (mixed_weights_and_step_only, "Adagrad state of t_user and t_item"),
+        (mixed_weights_only, "Adagrad state of t_user and t_item"),
+        (mixed_without_initialising_adam, "Adam's state of the dense part"),
+        (mixed_adagrad_into_adam, "not a fresh one"),
+        (mixed_as_saved, "the layout asks for"),
+    ],
+)
+def test_mixed_reload_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab08.check_mixed_reload(wrong)

@@ -18,6 +18,9 @@ def test_load_factor_check_accepts_the_largest_that_fits(capsys):
         (0.9, "finds no plan"),
         (0.25, "so does 0.5"),  # fits, but wastes HBM
         (0.3, "not one of the load factors"),
+        (0.1, "so does 0.25"),  # the smallest cache: fits, and misses the most
+        (0.5, "so does 0.75"),
+        ("0.75", "not one of the load factors"),  # a string, not the number
     ],
 )
 def test_load_factor_check_rejects_wrong_answers(answer, words):
@@ -42,6 +45,10 @@ def test_lookup_check_accepts_the_solution(capsys):
         (lambda n, d, s, e=4: n * d * e / s / 2**30, "decimal"),  # GiB/s
         (lambda n, d, s, e=4: n * d * e / (s * 1e3) / 1e9, "seconds are seconds"),
         (lambda n, d, s, e=4: "fast", "return a number"),
+        (lambda n, d, s, e=4: n * d * 4 / s / 1e9, "use bytes_per_element"),  # fp32 assumed for every table
+        (lambda n, d, s, e=4: n * e / s / 1e9, "each id reads a row|bytes read"),  # ids x bytes, no dim
+        (lambda n, d, s, e=4: 8 * n * d * e / s / 1e9, "bytes read = ids"),  # bits, not bytes
+        (lambda n, d, s, e=4: n * d * e * s / 1e9, "bytes read = ids"),  # multiplied by the time
     ],
 )
 def test_lookup_check_rejects_wrong_answers(wrong, words):
@@ -54,8 +61,29 @@ def torchrun_solution(nnodes, nproc_per_node, node_rank, head, port):
             "--master-addr", head, "--master-port", str(port), "-m", "course_lib.run", "course_lib.capstone:train"]
 
 
-def test_torchrun_check_accepts_the_solution(capsys):
-    lab09.check_torchrun_command(torchrun_solution)
+def c10d_solution(nnodes, nproc_per_node, node_rank, head, port):  # the lab's recommended cluster command
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", "capstone-1", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def underscores_and_equals(nnodes, nproc, node_rank, head, port):  # the same meaning, spelled the old way
+    return ["torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={node_rank}",
+            f"--master_addr={head}", f"--master_port={port}", "--module", "course_lib.run", "course_lib.capstone:train"]
+
+
+def static_with_endpoint(nnodes, nproc, node_rank, head, port):  # static rendezvous at an explicit endpoint
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
+            "--rdzv-endpoint", f"{head}:{port}", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def elastic_c10d(nnodes, nproc, node_rank, head, port):  # elastic range up to the job's nodes, c10d default id
+    return ["torchrun", "--nnodes", f"1:{nnodes}", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{head}:{port}", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+@pytest.mark.parametrize("right", [torchrun_solution, c10d_solution, underscores_and_equals, static_with_endpoint, elastic_c10d])
+def test_torchrun_check_accepts_every_spelling_of_a_working_command(right, capsys):
+    lab09.check_torchrun_command(right)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -77,15 +105,122 @@ def one_string(nnodes, nproc, node_rank, head, port):
     return " ".join(torchrun_solution(nnodes, nproc, node_rank, head, port))
 
 
+def standalone_on_many_nodes(nnodes, nproc, node_rank, head, port):  # --standalone overrides the rendezvous
+    return ["torchrun", "--standalone", *c10d_solution(nnodes, nproc, node_rank, head, port)[1:]]
+
+
+def c10d_at_master_addr(nnodes, nproc, node_rank, head, port):  # c10d ignores --master-addr/--master-port
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--master-addr", head, "--master-port", str(port), "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def no_master_port(nnodes, nproc, node_rank, head, port):  # static, at torchrun's default port 29500
+    argv = torchrun_solution(nnodes, nproc, node_rank, head, port)
+    i = argv.index("--master-port")
+    return argv[:i] + argv[i + 2:]
+
+
+def processes_as_nodes(nnodes, nproc, node_rank, head, port):  # --nnodes = every process of the job
+    return torchrun_solution(nnodes * nproc, nproc, node_rank, head, port)
+
+
+def gpus_auto(nnodes, nproc, node_rank, head, port):  # 'auto': this machine's devices, or its CPU cores
+    return torchrun_solution(nnodes, "auto", node_rank, head, port)
+
+
+def one_id_per_node(nnodes, nproc, node_rank, head, port):  # each node its own --rdzv-id: separate jobs
+    argv = c10d_solution(nnodes, nproc, node_rank, head, port)
+    argv[argv.index("capstone-1")] = f"capstone-node{node_rank}"
+    return argv
+
+
+def localhost_everywhere(nnodes, nproc, node_rank, head, port):  # the head's address hard-coded
+    return torchrun_solution(nnodes, nproc, node_rank, "127.0.0.1", port)
+
+
+def steps_in_the_command(nnodes, nproc, node_rank, head, port):  # the cell appends steps and batch: 4 arguments
+    return torchrun_solution(nnodes, nproc, node_rank, head, port) + ["2000", "4096"]
+
+
+def node_rank_from_one(nnodes, nproc, node_rank, head, port):  # ranks 1..nnodes
+    return torchrun_solution(nnodes, nproc, node_rank + 1, head, port)
+
+
+def etcd_backend(nnodes, nproc, node_rank, head, port):
+    argv = c10d_solution(nnodes, nproc, node_rank, head, port)
+    argv[argv.index("c10d")] = "etcd"
+    return argv
+
+
+def flag_without_value(nnodes, nproc, node_rank, head, port):
+    return ["torchrun", "--nnodes", "--nproc-per-node", str(nproc), "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (world_size_per_node, "one per local GPU"),
+        (world_size_per_node, "that is the world size"),
         (no_node_rank, "its own rank"),
         (script_not_module, "as a module"),
-        (one_string, "list of strings|starts with"),
+        (one_string, "list of strings"),
+        (standalone_on_many_nodes, "--standalone .* never meet"),
+        (c10d_at_master_addr, "without --rdzv-endpoint"),
+        (no_master_port, "rendezvous is at node-a17:29500|rendezvous is at 127.0.0.1:29500"),
+        (processes_as_nodes, "--nnodes says 16|--nnodes says 64|number of machines"),
+        (gpus_auto, "'auto' and 'gpu' count"),
+        (one_id_per_node, "rendezvous differ"),
+        (localhost_everywhere, "rendezvous is at 127.0.0.1"),
+        (steps_in_the_command, "its only argument is the function"),
+        (node_rank_from_one, "--node-rank values are \\[1, 2\\]"),
+        (etcd_backend, "etcd"),
+        (flag_without_value, "would refuse"),
     ],
 )
 def test_torchrun_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab09.check_torchrun_command(wrong)
+
+
+# ------------------------------------------------------------------------ a plan under two budgets
+
+
+def _every_table(sharding_type=None, kernel="fused", load_factor=None, names=None):
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    names = names or [t.name for t in lab09.production_tables()]
+    return {name: ParameterConstraints(sharding_types=[sharding_type] if sharding_type else None, compute_kernels=[kernel],
+                                       cache_params=CacheParams(load_factor=load_factor) if load_factor else None)
+            for name in names}
+
+
+BIG = [f"t{i:02d}" for i in range(10)]
+
+
+@pytest.mark.parametrize("right", [
+    lambda: _every_table("grid_shard"),  # the lab's solution: every row in HBM, a node's traffic on NVLink
+    lambda: _every_table("table_row_wise", "fused_uvm_caching", 0.75),  # a quarter of the big tables' rows on the host
+])
+def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
+    lab09.check_budget_plan(right())
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda: {}, "over the memory budget"),  # the planner's own choice: table-row-wise, 23.9 GiB on some ranks
+        (lambda: _every_table(kernel="fused"), "over the memory budget"),
+        (lambda: _every_table("row_wise"), "over the communication budget"),  # even bytes, partial sums over the network
+        (lambda: _every_table("column_wise"), "over the memory budget"),
+        (lambda: _every_table(kernel="fused_uvm_caching", load_factor=0.5), "over the memory budget"),  # cache, planner's layout
+        (lambda: _every_table("row_wise", names=BIG), "over the communication budget"),  # only the big tables constrained
+        (lambda: _every_table("table_wise"), "finds no plan"),
+        (lambda: {**_every_table("grid_shard"), "t20": _every_table("grid_shard")["t00"]}, "t20 is not a table"),
+        (lambda: [_every_table("grid_shard")], "expected a dict"),
+        (lambda: {"t00": "grid_shard"}, "the constraint of t00 is a str"),
+    ],
+)
+def test_budget_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab09.check_budget_plan(wrong())

@@ -1,9 +1,11 @@
 """Checks for 07_hybrid: a DMP data-parallel wrapper that shards the dense part with FSDP2, and the bytes
 each rank then holds for the dense part.
 
-`check_wrapper` builds the lab's DLRM on 2 ranks, shards its tables with DMP and hands the rest to the
-learner's wrapper, then looks at what came out (are the tables still TorchRec shards, are the dense
-parameters DTensors placed ``Shard(0)``, did anything wrap the model in DDP) and trains it a few steps.
+`check_wrapper` builds the lab's DLRM (with a dense tower of another width than the lab's) on 2 ranks,
+shards its tables with DMP, gives each rank *different* dense weights, and hands the rest to the learner's
+wrapper; then it looks at what came out (are the tables still TorchRec shards, are the dense parameters
+DTensors placed ``Shard(0)``, did anything wrap the model in DDP, does every rank now hold rank 0's initial
+dense weights, as DDP would have made it) and trains it a few steps.
 `check_dense_bytes` compares the learner's formula with bytes measured on 2 and 3 ranks for a dense tower
 whose sizes the lab did not use.
 """
@@ -20,6 +22,8 @@ _TIMEOUT_S = 90.0
 _CHECK_CONFIG = data.ClickLogConfig(num_train=6_144, num_test=1_024, seed=5)
 _BATCH = 256
 _STEPS = 12
+# The wrapper check's dense tower: not the lab's width (32), so nothing the lab printed fits it by chance.
+WRAPPER_HIDDEN = 24
 # The dense tower of the bytes exercise: another hidden width than the lab's (24 rows do not split evenly
 # over 3 ranks in every layer, and the head's one row never does).
 BYTES_HIDDEN = 24
@@ -44,6 +48,27 @@ def _check_plan(model: Any, world_size: int) -> Any:
     return training.model_plan(model, per_table, world_size)
 
 
+class _Recorded:
+    """Around the learner's wrapper: make the ranks' dense weights surely differ (each rank adds its own
+    noise), remember them, then call the learner's ``wrap``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.before: dict[str, Any] = {}
+
+    def wrap(self, dmp: Any, env: Any, device: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        generator = torch.Generator().manual_seed(1_000 + dist.get_rank())
+        with torch.no_grad():
+            for name, p in dmp._dmp_wrapped_module.named_parameters():
+                if "embedding_bags" not in name:
+                    p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.device))
+                    self.before[name] = p.detach().cpu().clone()
+        self.inner.wrap(dmp, env, device)
+
+
 def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, Any]:
     """On each rank: DMP with the learner's wrapper, what it holds, a trace of one step, a few steps' losses."""
     import torch
@@ -51,16 +76,19 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
     from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.model_parallel import DataParallelWrapper
 
     from course_lib import hybrid, models, trace, training
 
     torch.manual_seed(0)
-    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, hidden=WRAPPER_HIDDEN, device="meta")
     instance = wrapper() if isinstance(wrapper, type) else wrapper
+    recorded = _Recorded(instance)
+    recorder = type("Recorded", (DataParallelWrapper,), {"wrap": lambda self, *a: recorded.wrap(*a)})()
     try:
         dmp = DistributedModelParallel(
             model, device=training.device(), plan=_check_plan(model, dist.get_world_size()),
-            sharders=training.sharders(), data_parallel_wrapper=instance,
+            sharders=training.sharders(), data_parallel_wrapper=recorder,
         )
     except NotImplementedError:
         raise
@@ -73,9 +101,14 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
         "dense": {k: (type(v).__name__, str(getattr(v, "placements", "")))
                   for k, v in state.items() if "embedding_bags" not in k},
         "ddp": any(isinstance(m, DistributedDataParallel) for m in dmp.modules()),
+        "before": recorded.before,
     }
     if any(t == "DTensor" for t in report["tables"].values()):
         return report  # the optimizer would fail on duplicate keys: the structure says enough
+    # the dense weights the model starts from, whole (what every rank computes with)
+    report["start"] = {n.removeprefix("_dmp_wrapped_module.").removeprefix("module."):
+                       (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+                       for n, p in dmp.named_parameters() if "embedding_bags" not in n}
     try:
         optimizer = hybrid.hybrid_optimizer(dmp)
         batches = data.batches(train_split, _BATCH, dist.get_rank(), dist.get_world_size())
@@ -87,17 +120,67 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
         return report
     report["ops"] = sorted({r.op for r in log.records})
     report["losses"] = losses
-    full = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach().clone()
-            for n, p in dmp.named_parameters() if "embedding_bags" not in n}
-    report["full_dense"] = full
     return report
+
+
+def _judge_start(reports: list[dict[str, Any]]) -> None:
+    """Every rank must start from rank 0's dense weights (what DDP's broadcast gives); say what they are instead."""
+    import torch
+
+    before0, before1 = reports[0]["before"], reports[1]["before"]
+    starts = [r["start"] for r in reports]
+    names = sorted(before0)
+    if any(set(s) != set(names) for s in starts):
+        fail(f"the dense parameters after wrap() are not the model's ({sorted(starts[0])[:3]} ...)",
+             "shard the modules in place: fully_shard(module) replaces their parameters, it returns nothing to keep")
+    if any(not torch.equal(starts[0][n], s[n]) for s in starts[1:] for n in names):
+        fail("the ranks hold different dense weights after wrap()",
+             "give every rank the same weights before fully_shard (dist.broadcast from rank 0)")
+    start = starts[0]
+    if all(torch.equal(start[n], before0[n]) for n in names):
+        return
+    differ = [n for n in names if not torch.equal(start[n], before0[n])]
+    shown = ", ".join(sorted({".".join(n.split(".")[:2]) for n in differ}))
+
+    def chunks(n: str) -> Any:
+        rows0, rows1 = before0[n].chunk(2), before1[n].chunk(2)
+        return torch.cat([rows0[0], *rows1[1:]]) if before0[n].shape[0] > 1 else before0[n]
+
+    if all(torch.equal(start[n], chunks(n)) for n in differ):
+        fail(
+            f"the model starts from a patchwork ({shown}): rank 0's rows of each dense parameter and rank 1's "
+            "rows, because fully_shard keeps each rank's own rows and the ranks' initial weights differ "
+            "(DMP's table initialisation moved each rank's RNG differently)",
+            "before fully_shard, broadcast rank 0's dense parameters to every rank, as DDP does when it wraps a "
+            "model: with torch.no_grad(), dist.broadcast(p.data, src=0) for every parameter of "
+            + ("the dense modules" if {n.split(".")[1] for n in differ} == {n.split(".")[1] for n in names}
+               else f"every dense module ({shown} too)")
+            + " (with async_op=True, wait() on each Work before fully_shard)",
+        )
+    if all(torch.equal(start[n], before1[n]) for n in differ):
+        fail(
+            "every rank starts from rank 1's dense weights",
+            "broadcast from rank 0 (src=0): DDP makes every rank start from rank 0's weights, and the run must "
+            "match a DDP run",
+        )
+    if all(torch.allclose(start[n], (before0[n] + before1[n]) / 2, atol=1e-6) for n in differ):
+        fail(
+            "every rank starts from the mean of the ranks' initial weights: a model nobody initialised (averaging "
+            "two random initialisations shrinks their spread)",
+            "broadcast rank 0's weights (dist.broadcast(p.data, src=0)) instead of averaging with all_reduce",
+        )
+    fail(
+        f"the dense weights after wrap() ({shown}) are equal on every rank but are not rank 0's initial weights",
+        "keep the weights the model was initialised with: broadcast rank 0's parameters BEFORE fully_shard (after "
+        "it each rank holds only its rows), rather than re-initialising or re-seeding",
+    )
 
 
 @exercise
 def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) -> None:
     """Run DMP with `wrapper` (a DataParallelWrapper subclass, or an instance) as its data_parallel_wrapper on 2
-    ranks: the tables must stay TorchRec shards, every dense parameter must be a ``Shard(0)`` DTensor, the loss
-    must fall."""
+    ranks: the tables must stay TorchRec shards, every dense parameter must be a ``Shard(0)`` DTensor, every rank
+    must start from rank 0's dense weights (the check gives the ranks different ones first), the loss must fall."""
     from course_lib.launcher.launch import LaunchError
 
     if launch is None:
@@ -115,6 +198,11 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
         if raised and all(f.exc_type == "NotImplementedError" for f in raised):
             fail("the wrapper is not written yet", "replace `raise NotImplementedError()` with your code")
         first = error.failures[0].headline() if error.failures else error.summary
+        if any(f.kind in ("exited", "timed out") for f in error.failures):
+            fail(f"DMP with your wrapper failed on 2 ranks: {first}",
+                 "a collective in wrap() got tensors of different shapes on the two ranks (gloo aborts) or was "
+                 "called on one rank only: broadcast only the dense modules' parameters (each rank holds other "
+                 "table shards), on every rank, and before fully_shard (after it each rank holds other rows)")
         fail(f"DMP with your wrapper failed on 2 ranks: {first}", "run it yourself in a launched function to read the traceback")
     report = reports[0]
     if "wrap_error" in report:
@@ -155,6 +243,7 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
     if wrong:
         fail(f"dense parameters are placed {', '.join(wrong)}, expected (Shard(dim=0),)",
              "use fully_shard over all ranks (the default mesh): each rank keeps its rows of every parameter")
+    _judge_start(reports)
     if "train_error" in report:
         fail(f"training the hybrid model failed: {report['train_error']}",
              "shard in place with fully_shard; DMP calls wrap() once, before any optimizer exists")
@@ -171,7 +260,8 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
         fail(f"a training step ran {', '.join(ops)}, but no all-gather and reduce-scatter",
              "fully_shard makes FSDP all-gather the parameters before use and reduce-scatter the gradients")
     passed(
-        f"tables stay TorchRec shards, {len(dense)} dense parameters are Shard(0) DTensors; one step ran "
+        f"tables stay TorchRec shards, {len(dense)} dense parameters are Shard(0) DTensors holding rank 0's initial "
+        f"weights on every rank; one step ran "
         f"{', '.join(ops)}; loss {head:.3f} -> {tail:.3f} in {len(losses)} steps"
     )
 

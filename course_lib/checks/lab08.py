@@ -136,9 +136,9 @@ def _predict(model: Any) -> torch.Tensor:
 def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
-    model = _shard()
-    from course_lib import training
+    from course_lib import checkpoint, training
 
+    model = _shard()
     optimizer = training.optimizer(model)
     _train(model, optimizer, range(_SAVED_AT))
     saved = _state(model, optimizer)
@@ -159,6 +159,24 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
         return report
     report["differences"] = _differences(_state(model, optimizer), saved)
     report["step"] = app.step
+    # load_state_dict on its own: a fresh app gets a state dict that does not share its tensors (read from the
+    # checkpoint into another model's), as from a dcp_to_torch_save file or any load that is not in place
+    donor_model = _shard()
+    donor_optimizer = training.optimizer(donor_model)
+    fresh_model = _shard()
+    fresh_optimizer = training.optimizer(fresh_model)
+    for each in (donor_optimizer, fresh_optimizer):
+        checkpoint.init_optimizer_state(each)
+    try:
+        state = {"app": app_state_class(donor_model, donor_optimizer, 0).state_dict()}
+        dcp.load(state, checkpoint_id=folder)  # a plain dict: filled in place, no load_state_dict called
+        fresh = app_state_class(fresh_model, fresh_optimizer, 0)
+        fresh.load_state_dict(state["app"])
+    except _ERRORS as error:
+        report["fresh_error"] = _first_line(error)
+        return report
+    report["fresh_differences"] = _differences(_state(fresh_model, fresh_optimizer), saved)
+    report["fresh_step"] = fresh.step
     return report
 
 
@@ -204,7 +222,28 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
             "put the step in state_dict() and set self.step from it in load_state_dict(): the data order and the "
             "learning-rate schedule depend on it",
         )
-    passed("AppState restores the weights, the fused Adagrad state, Adam's state and the step")
+    in_place = ("dcp.load looked right only because it copies into the very tensors your state_dict() returned "
+                "(in place), before it calls load_state_dict()")
+    if "fresh_error" in report:
+        fail(f"load_state_dict() of a fresh AppState, given a state dict read from the checkpoint, raised "
+             f"{report['fresh_error']}",
+             "load_state_dict(state_dict) gets back exactly what state_dict() returned: give each part to its owner")
+    fresh = report["fresh_differences"]
+    lost = [part for part, key in (("the model's weights", "model"), ("the fused Adagrad state", "fused"),
+                                   ("Adam's state", "adam")) if fresh[key] > 0]
+    if lost:
+        fail(
+            f"load_state_dict() does not restore {' nor '.join(lost)}: a fresh AppState given a state dict read "
+            f"from the checkpoint keeps its own; {in_place}",
+            "in load_state_dict, hand each part to its owner: self.model.load_state_dict(state_dict['model']) and "
+            "self.optimizer.load_state_dict(state_dict['optimizer']) (a state dict loaded any other way, e.g. from "
+            "a dcp_to_torch_save file, shares no tensor with your model)",
+        )
+    if report["fresh_step"] != _SAVED_AT:
+        fail(f"load_state_dict() leaves the step at {report['fresh_step']}, the state dict says {_SAVED_AT}",
+             "set self.step from the state dict in load_state_dict()")
+    passed("AppState restores the weights, the fused Adagrad state, Adam's state and the step, in place (dcp.load) "
+           "and through load_state_dict() alone")
 
 
 # ------------------------------------------------------------------------------------------ exercise 2
@@ -395,3 +434,99 @@ def check_reload(reload: Callable[[str, Any, dict[str, Any]], Any], world_size: 
         f"reload on {world_size} ranks (row-wise) restores a 2-rank table-wise checkpoint: predictions within "
         f"{prediction_gap:.1g}, optimizer state and step exact"
     )
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def mixed_layout() -> dict[str, Any]:
+    """The layout of exercise 4: t_user and t_item row-wise on the fused kernel (Adagrad in backward, as saved),
+    t_category and t_terms data-parallel (plain replicas, trained by Adam)."""
+    from torchrec.distributed.sharding_plan import data_parallel, row_wise
+
+    return {"t_user": row_wise(compute_kernel="fused"), "t_item": row_wise(compute_kernel="fused"),
+            "t_category": data_parallel(), "t_terms": data_parallel()}
+
+
+_STAY_FUSED = ("t_user", "t_item")
+_BECOME_DENSE = ("t_category", "t_terms")
+
+
+def _mixed_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: str) -> dict[str, Any]:
+    from course_lib import checkpoint, training
+
+    fresh_model = _shard(mixed_layout())  # what an optimizer that loaded nothing holds for the new Adam tables
+    fresh_optimizer = training.optimizer(fresh_model)
+    checkpoint.init_optimizer_state(fresh_optimizer)
+    fresh = _state(fresh_model, fresh_optimizer)
+    try:
+        app = reload(folder, _CHECK_CONFIG, mixed_layout())
+        model, optimizer, step = app.model, app.optimizer, app.step
+    except _ERRORS as error:
+        raise_if_unwritten(error)
+        return {"error": _first_line(error)}
+    return {"sharding": training.sharding_types(model), "state": _state(model, optimizer), "fresh": fresh,
+            "logits": _predict(model), "step": step}
+
+
+def _largest_difference(now: dict[str, torch.Tensor], want: dict[str, torch.Tensor], keys: list[str]) -> float:
+    worst = 0.0
+    for key in keys:
+        other = now.get(key)
+        worst = max(worst, float("inf") if other is None or other.shape != want[key].shape
+                    else (other - want[key]).abs().max().item())
+    return worst
+
+
+@exercise
+def check_mixed_reload(reload: Callable[[str, Any, dict[str, Any]], Any], launch: Launch | None = None) -> None:
+    """`reload(path, config, per_table)`, run on every rank, must return an AppState sharded by `per_table` (here
+    ``mixed_layout()``: two tables stay fused, two become data-parallel and move to Adam) that holds everything of
+    the checkpoint that still means something: every weight, the step, the Adagrad state of the tables that stay
+    fused, Adam's state of the dense part; and, for the tables that moved to Adam, a fresh Adam state (the
+    checkpoint has none to give, and an Adagrad accumulator is not one)."""
+    launch = _launch(launch)
+    folder = tempfile.mkdtemp(prefix="lab08-check-")
+    try:
+        saved = _on_ranks(launch, _reference_on_rank, folder, world_size=2, what="saving the reference checkpoint")
+        results = _on_ranks(launch, _mixed_on_rank, reload, folder, world_size=2, what="reload on 2 ranks")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    reference = saved[0]["state"]
+    report = results[0]
+    if "error" in report:
+        missing = "Missing key" in report["error"]
+        fail(f"reload raised {report['error']}",
+             "the checkpoint holds Adagrad state for t_category and t_terms and no Adam state: a load that asks for "
+             "the new optimizer's whole state cannot be served; decide which parts to ask for" if missing else
+             "shard by per_table, build the optimizer, make its state exist, then dcp.load what the checkpoint has")
+    kinds = {table: kind for table, (kind, _) in report["sharding"].items()}
+    want = {table: ("row_wise" if table in _STAY_FUSED else "data_parallel") for table in (*_STAY_FUSED, *_BECOME_DENSE)}
+    if kinds != want:
+        fail(f"the reloaded tables are sharded {kinds}, the layout asks for {want}",
+             "shard with the plan made from per_table (shard(config, per_table))")
+    state, fresh = report["state"], report["fresh"]
+    weights = [k for k in reference if k.startswith("model.")]
+    if _largest_difference(state, reference, weights) > 1e-6:
+        fail("the reloaded weights are not the checkpoint's",
+             "load the model's state dict (every table, whatever its new layout, and the dense part)")
+    if report["step"] != _SAVED_AT:
+        fail(f"the reloaded step is {report['step']}, the checkpoint was taken at step {_SAVED_AT}",
+             "load the step too: the data order and any schedule depend on it")
+    fused_keys = [k for k in reference if "momentum" in k and any(f".{t}." in k for t in _STAY_FUSED)]
+    if _largest_difference(state, reference, fused_keys) > 0:
+        fail("the Adagrad state of t_user and t_item (which stay on the fused kernel) was not restored",
+             "their optimizer did not change: the checkpoint's momentum is theirs, keep it (only the tables that "
+             "moved to Adam have nothing to load)")
+    dense_keys = [k for k in reference if k.startswith("optimizer.") and "embedding_bags" not in k]
+    if _largest_difference(state, reference, dense_keys) > 0:
+        fail("Adam's state of the dense part was not restored, though the checkpoint holds it",
+             "load the optimizer state of every parameter whose optimizer did not change (make a fresh Adam's state "
+             "exist first: checkpoint.init_optimizer_state)")
+    moved = [k for k in fresh if k.startswith("optimizer.") and any(f".{t}." in k for t in _BECOME_DENSE)]
+    if not moved or _largest_difference(state, fresh, moved) > 0:
+        fail("the Adam state of t_category and t_terms is not a fresh one: it was made up from something else",
+             "an Adagrad accumulator is not Adam's moments: let the tables that moved to Adam start their optimizer "
+             "from scratch")
+    passed("reload keeps every weight, the step, t_user's and t_item's Adagrad state and the dense part's Adam "
+           "state, and starts Adam afresh for the two tables that left the fused kernel")

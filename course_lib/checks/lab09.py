@@ -1,4 +1,5 @@
-"""Checks for 09_scale: fit a production layout into HBM with a cache, lookup bandwidth, a multi-node torchrun command."""
+"""Checks for 09_scale: fit a production layout into HBM with a cache, a plan under a memory and a communication budget,
+lookup bandwidth, a multi-node torchrun command."""
 from __future__ import annotations
 
 import math
@@ -76,6 +77,84 @@ def check_load_factor(load_factor: float) -> None:
     passed(f"load factor {load_factor}: the largest cache that fits {WORLD_SIZE} GPUs of {HBM_GIB} GiB")
 
 
+# ------------------------------------------------------------------------ a plan under two budgets
+
+PLAN_HBM_CAP_GIB = 80  # the H100s of the lab's cluster
+HBM_BUDGET_GIB = 20.0  # per rank: the rest of the 80 GiB stays for the dense part, activations, NCCL buffers
+COMMS_BUDGET_MS = 5.0  # the busiest rank's estimated communication per step (forward + backward)
+
+
+def plan_estimates(constraints: dict[str, Any] | None, hbm_cap_gib: float = PLAN_HBM_CAP_GIB) -> dict[str, Any]:
+    """Plan the production tables on 64 GPUs (8 nodes of 8, `hbm_cap_gib` each) with `constraints`, and read the
+    planner's own estimates of the plan it chose: HBM per rank (GiB; its storage estimate, with optimizer state
+    and buffers) and communication per rank (ms per step, forward + backward), the largest of each, and each
+    table's sharding type and kernel. Raises the planner's ``PlannerError`` when it finds no plan."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from course_lib import planning
+
+    tables = production_tables()
+    topology = planning.topology(WORLD_SIZE, local_world_size=RANKS_PER_NODE, compute_device="cuda",
+                                 hbm_cap_bytes=int(hbm_cap_gib * 2**30))
+    estimates = planning.Estimates()
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints or None, callbacks=[estimates])
+    planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
+    hbm = [0.0] * WORLD_SIZE
+    comms = [0.0] * WORLD_SIZE
+    for option in estimates.options:
+        for shard in option.shards:
+            hbm[shard.rank] += shard.storage.hbm / 2**30
+            comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
+    return {
+        "max HBM GiB": max(hbm), "max comms ms": max(comms), "HBM GiB per rank": hbm, "comms ms per rank": comms,
+        "tables": {option.name: (option.sharding_type, option.compute_kernel) for option in estimates.options},
+    }
+
+
+@exercise
+def check_budget_plan(constraints: Any) -> None:
+    """`constraints` (table name -> ``ParameterConstraints``, for some or all of the production tables) must make
+    the planner's plan on 64 x 80 GiB meet both budgets, by the planner's own estimates: at most
+    HBM_BUDGET_GIB of HBM on every rank, at most COMMS_BUDGET_MS of communication on the busiest rank."""
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import PlannerError
+
+    if not isinstance(constraints, dict):
+        fail(f"expected a dict of table name -> ParameterConstraints, got {type(constraints).__name__}",
+             "return the constraints you give the planner (plan_cluster(80, constraints)), not a plan or a list")
+    names = {t.name for t in production_tables()}
+    unknown = sorted(set(constraints) - names)
+    if unknown:
+        fail(f"{', '.join(map(str, unknown[:3]))} {'is' if len(unknown) == 1 else 'are'} not a table of the model",
+             "constraints are keyed by table name: t00 ... t19 (lab09.production_tables())")
+    wrong = sorted(k for k, v in constraints.items() if not isinstance(v, ParameterConstraints))
+    if wrong:
+        fail(f"the constraint of {wrong[0]} is a {type(constraints[wrong[0]]).__name__}",
+             "each value is a torchrec ParameterConstraints(sharding_types=[...], compute_kernels=[...], ...)")
+    try:
+        found = plan_estimates(constraints)
+    except PlannerError:
+        fail(f"the planner finds no plan on {WORLD_SIZE} GPUs of {PLAN_HBM_CAP_GIB} GiB with these constraints",
+             "a 100 M x 256 table is 95 GiB in fp32: it must be cut (row-, column-, table-row-wise, grid) or cached")
+    hbm, comms = found["max HBM GiB"], found["max comms ms"]
+    kinds = sorted({f"{kind} ({kernel})" for kind, kernel in found["tables"].values()})
+    said = f"the planner's estimates for your plan ({', '.join(kinds)}): {hbm:.1f} GiB of HBM on the fullest rank, " \
+           f"{comms:.2f} ms of communication per step on the busiest"
+    if hbm > HBM_BUDGET_GIB and comms > COMMS_BUDGET_MS:
+        fail(f"{said}: over both budgets ({HBM_BUDGET_GIB:g} GiB, {COMMS_BUDGET_MS:g} ms)",
+             "start from a plan that meets one budget and change what breaks the other")
+    if hbm > HBM_BUDGET_GIB:
+        fail(f"{said}: over the memory budget of {HBM_BUDGET_GIB:g} GiB",
+             "spread the big tables' bytes more evenly, or keep only part of their rows in HBM (a UVM cache): "
+             "table-row-wise puts a whole 100 M-row table on one node, and some nodes get two")
+    if comms > COMMS_BUDGET_MS:
+        fail(f"{said}: over the communication budget of {COMMS_BUDGET_MS:g} ms",
+             "row-wise sharding across all 64 GPUs reduce-scatters every bag's partial sums over the network; keep "
+             "that traffic inside a node (table-row-wise or grid sharding)")
+    passed(f"{said}: within both budgets ({HBM_BUDGET_GIB:g} GiB, {COMMS_BUDGET_MS:g} ms)")
+
+
 _LOOKUP_CASES = (
     # (num_ids, embedding_dim, seconds, bytes_per_element)
     (131_072, 64, 0.005, 4),
@@ -90,10 +169,13 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     for num_ids, dim, seconds, element in _LOOKUP_CASES:
         expected = num_ids * dim * element / seconds / 1e9
         got = lookup_gb_per_s(num_ids, dim, seconds, element)
-        if not isinstance(got, (int, float)):
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
             fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
+        if element != 4 and math.isclose(got, num_ids * dim * 4 / seconds / 1e9, rel_tol=1e-6):
+            fail(f"for {num_ids:,} ids of dim {dim} ({element} bytes each) in {seconds} s: got {got:.4g}, expected "
+                 f"{expected:.4g} GB/s", f"use bytes_per_element: these rows are {element} bytes per element (fp16), not 4")
         ratio = got / expected if expected else float("inf")
         hints = {
             1 / element: "each id reads a row of embedding_dim elements of bytes_per_element bytes each",
@@ -109,36 +191,141 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     passed("lookup bandwidth = ids x dim x bytes per element / seconds, in GB/s")
 
 
+# (nnodes, nproc_per_node, head, port) of the jobs the torchrun check asks for: two nodes of one process on this
+# machine (the lab runs that one), eight 8-GPU nodes on a cluster at torchrun's c10d default port, one node.
+_TORCHRUN_JOBS = ((2, 1, "127.0.0.1", 29411), (8, 8, "node-a17", 29400), (1, 4, "127.0.0.1", 29533))
+_RDZV_BACKENDS = ("static", "c10d")
+
+
+def torchrun_meaning(argv: Sequence[str]) -> dict[str, Any]:
+    """What torchrun would do with `argv` (``["torchrun", ...]``), worked out with torchrun's own parser and rules
+    (``torch.distributed.run``: ``get_args_parser``, the ``--standalone`` and single-node overrides of ``run``,
+    ``parse_min_max_nnodes``, ``get_rdzv_endpoint``, and the rendezvous backends' endpoint parsing).
+
+    Returns the effective rendezvous (backend, host, port, id), the node range, the node rank (static only),
+    the processes per node, and the program. Raises ValueError with torchrun's complaint when it would refuse.
+    """
+    import contextlib
+    import io
+    import os
+    from unittest import mock
+
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    argv = list(argv)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}  # torchrun reads PET_* too
+    with mock.patch.dict(os.environ, clean, clear=True):
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):  # argparse prints usage and exits: keep its one-line verdict
+                args = get_args_parser().parse_args(argv[1:])
+        except SystemExit:
+            verdict = [line for line in said.getvalue().splitlines() if ": error: " in line]
+            raise ValueError(verdict[-1].split(": error: ", 1)[1] if verdict else "its argument parser refuses it") from None
+    try:
+        min_nodes, max_nodes = parse_min_max_nnodes(args.nnodes)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--nnodes {args.nnodes} is neither N nor MIN:MAX") from None
+    if not 0 < min_nodes <= max_nodes:
+        raise ValueError(f"--nnodes {args.nnodes}: torchrun needs 0 < MIN <= MAX")
+    backend, endpoint, run_id, port_given = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, args.master_port
+    overridden = None
+    if args.standalone:  # run(): a private c10d store on this machine, a fresh id, whatever else was said
+        backend, endpoint, run_id, overridden = "c10d", "localhost:0", "<random per node>", "--standalone"
+    elif backend == "static" and not endpoint and port_given is None and max_nodes == 1:
+        backend, endpoint, run_id, overridden = "c10d", "localhost:0", "<random per node>", "single node"
+    master_port = 29500 if port_given is None else port_given
+    if backend == "static":
+        endpoint = endpoint or f"{args.master_addr}:{master_port}"  # get_rdzv_endpoint
+        host, port = parse_rendezvous_endpoint(endpoint, -1)
+        if port == -1:
+            raise ValueError(f"the static rendezvous endpoint {endpoint!r} has no port")
+    else:
+        host, port = parse_rendezvous_endpoint(endpoint, 29400)  # c10d's DEFAULT_PORT
+    return {
+        "backend": backend, "host": host, "port": port, "id": run_id, "overridden": overridden,
+        "endpoint_given": bool(args.rdzv_endpoint), "master_given": (args.master_addr != "127.0.0.1" or port_given is not None),
+        "nodes": (min_nodes, max_nodes), "node_rank": args.node_rank if backend == "static" else None,
+        "nproc_per_node": args.nproc_per_node, "module": args.module, "no_python": args.no_python,
+        "run_path": args.run_path, "script": args.training_script, "script_args": list(args.training_script_args),
+    }
+
+
 @exercise
 def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> None:
-    """`torchrun_command(nnodes, nproc_per_node, node_rank, head, port)`: the argv that starts the capstone on one node."""
-    from torch.distributed.run import get_args_parser
+    """`torchrun_command(nnodes, nproc_per_node, node_rank, head, port)`: the argv that starts the capstone on one node.
 
-    for nnodes, nproc, node_rank, head, port in ((2, 1, 1, "127.0.0.1", 29400), (8, 8, 5, "node-a17", 29500)):
-        argv = list(torchrun_command(nnodes, nproc, node_rank, head, port))
-        if not argv or not all(isinstance(a, str) for a in argv):
-            fail(f"expected a list of strings, got {argv!r}", "e.g. ['torchrun', '--nnodes', '2', ...]: one string per argument")
-        if argv[0] != "torchrun":
-            fail(f"the command starts with {argv[0]!r}", "start it with 'torchrun'")
-        try:
-            args = get_args_parser().parse_args(argv[1:])
-        except SystemExit:
-            fail(f"torchrun rejects these arguments: {' '.join(argv[1:])}", "write flags as torchrun spells them: --nnodes 2")
-        where = f"node {node_rank} of {nnodes} with {nproc} GPUs each"
-        if str(args.nnodes) != str(nnodes):
-            fail(f"{where}: --nnodes is {args.nnodes}", "--nnodes is the number of machines")
-        if str(args.nproc_per_node) != str(nproc):
-            fail(
-                f"{where}: --nproc-per-node is {args.nproc_per_node}",
-                "torchrun starts that many processes on THIS node: one per local GPU, not the world size",
-            )
-        if args.node_rank != node_rank:
-            fail(f"{where}: --node-rank is {args.node_rank}", "every node needs its own rank, 0 to nnodes - 1; without it all say 0")
-        if (args.master_addr, args.master_port) != (head, port):
-            fail(f"{where}: rendezvous at {args.master_addr}:{args.master_port}", f"every node meets at the head node: --master-addr {head} --master-port {port}")
-        if not args.module or args.training_script != "course_lib.run":
-            fail(f"{where}: torchrun would run {args.training_script!r} as a {'module' if args.module else 'script file'}",
-                 "run the course's runner as a module: -m course_lib.run course_lib.capstone:train")
-        if list(args.training_script_args[:1]) != ["course_lib.capstone:train"]:
-            fail(f"{where}: course_lib.run gets {args.training_script_args}", "its first argument is the function: course_lib.capstone:train")
-    passed("torchrun accepts the command, and every node gets its own --node-rank and the same rendezvous")
+    For each of three jobs (2 nodes x 1 process here, 8 nodes x 8 GPUs, 1 node x 4) the check asks for every
+    node's command and judges what torchrun would do with them (``torchrun_meaning``), not how they are
+    spelled: static (``--master-addr/--master-port`` and a ``--node-rank`` per node) and c10d
+    (``--rdzv-backend c10d --rdzv-endpoint head:port``) rendezvous are both right.
+    """
+    for nnodes, nproc, head, port in _TORCHRUN_JOBS:
+        meanings = []
+        for node_rank in range(nnodes):
+            where = f"node {node_rank} of {nnodes} ({nproc} process{'es' if nproc > 1 else ''} each, head {head}, port {port})"
+            argv = torchrun_command(nnodes, nproc, node_rank, head, port)
+            if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+                fail(f"expected a list of strings, got {argv!r}",
+                     "e.g. ['torchrun', '--nnodes', '2', ...]: one string per argument, numbers as str(...)")
+            argv = list(argv)
+            if argv[0] != "torchrun":
+                fail(f"the command starts with {argv[0]!r}", "start it with 'torchrun' (the cell below runs it)")
+            try:
+                meaning = torchrun_meaning(argv)
+            except ValueError as error:
+                fail(f"{where}: torchrun would refuse {' '.join(argv[1:])}: {error}",
+                     "write flags as torchrun spells them, each followed by its value: --nnodes 2 --nproc-per-node 1")
+            meanings.append(meaning)
+            low, high = meaning["nodes"]
+            if high != nnodes or (meaning["backend"] == "static" and low != nnodes):
+                fail(f"{where}: --nnodes says {low if low == high else f'{low}:{high}'}",
+                     "--nnodes is the number of machines (torchrun per machine), not of processes"
+                     + ("" if meaning["backend"] != "static" else "; a static rendezvous needs exactly that many"))
+            if meaning["nproc_per_node"] != str(nproc):
+                hint = ("that is the world size: torchrun starts --nproc-per-node processes on THIS node, one per local GPU"
+                        if meaning["nproc_per_node"] == str(nnodes * nproc) else
+                        "pass the number you were given: 'auto' and 'gpu' count this machine's devices (or CPU cores)"
+                        if not meaning["nproc_per_node"].isdigit() else
+                        "torchrun starts that many processes on THIS node: one per local GPU, not the world size")
+                fail(f"{where}: --nproc-per-node is {meaning['nproc_per_node']}", hint)
+            if meaning["overridden"] == "--standalone" and nnodes > 1:
+                fail(f"{where}: --standalone makes torchrun start its own rendezvous on this machine (localhost:0, "
+                     "a random id) and ignore the rendezvous you gave: the nodes never meet",
+                     "--standalone is for one-node jobs only; drop it on a multi-node job")
+            if meaning["backend"] not in _RDZV_BACKENDS:
+                fail(f"{where}: rendezvous backend {meaning['backend']!r}",
+                     "use the static rendezvous (--master-addr/--master-port, --node-rank) or c10d (--rdzv-backend c10d "
+                     "--rdzv-endpoint head:port); etcd needs an etcd server nobody started")
+            if nnodes > 1 and (meaning["host"], meaning["port"]) != (head, port):
+                if meaning["backend"] == "c10d" and not meaning["endpoint_given"]:
+                    fail(f"{where}: c10d rendezvous without --rdzv-endpoint: each node would host its own store on "
+                         "localhost:29400 and wait for the others there",
+                         "with c10d, torchrun ignores --master-addr/--master-port: give every node "
+                         f"--rdzv-endpoint {head}:{port}")
+                fail(f"{where}: the rendezvous is at {meaning['host']}:{meaning['port']}",
+                     f"every node meets at the head node: {head}:{port} (--master-addr {head} --master-port {port}, "
+                     f"or --rdzv-endpoint {head}:{port} with c10d); torchrun's static default port is 29500")
+            if meaning["no_python"] or meaning["run_path"] or not meaning["module"] or meaning["script"] != "course_lib.run":
+                fail(f"{where}: torchrun would run {meaning['script']!r} as "
+                     f"{'a module' if meaning['module'] else 'a program' if meaning['no_python'] else 'a script file'}",
+                     "run the course's runner as a module: -m course_lib.run course_lib.capstone:train")
+            if meaning["script_args"] != ["course_lib.capstone:train"]:
+                fail(f"{where}: course_lib.run gets {meaning['script_args']}",
+                     "its only argument is the function, course_lib.capstone:train (the cell below appends the steps "
+                     "and the batch size)")
+        if nnodes == 1:
+            continue
+        shared = {(m["backend"], m["host"], m["port"], m["id"], m["nodes"]) for m in meanings}
+        if len(shared) > 1:
+            ids = sorted({m["id"] for m in meanings})
+            fail(f"{nnodes} nodes: the nodes' rendezvous differ ({'--rdzv-id ' + ', '.join(ids) if len(ids) > 1 else 'endpoints'})",
+                 "every node must name the same rendezvous: the same backend, endpoint, --rdzv-id and --nnodes")
+        if meanings[0]["backend"] == "static":
+            ranks = [m["node_rank"] for m in meanings]
+            if sorted(ranks) != list(range(nnodes)):
+                fail(f"{nnodes} nodes with a static rendezvous: their --node-rank values are {ranks}",
+                     "every node needs its own rank, 0 to nnodes - 1 (without --node-rank all say 0); or let c10d "
+                     "assign them")
+    passed("torchrun would start every node of the three jobs (2 x 1, 8 x 8, 1 x 4) into one rendezvous at the head")
