@@ -1,0 +1,188 @@
+"""Checks for 12_llm_era: a tensor-parallel plan, the bytes of a 2-D layout, and the choice of a mesh."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+from course_lib import parallel2d
+from course_lib.checks import exercise, fail, launch_quietly, one_line, passed, raise_if_unwritten
+
+# Where each Linear's weight must be split over the tp mesh dimension: column-wise layers split their
+# output features (weight dim 0), row-wise layers their input features (weight dim 1).
+_EXPECTED_TP = {
+    "attention.wq": "S(0)", "attention.wk": "S(0)", "attention.wv": "S(0)", "attention.wo": "S(1)",
+    "feed_forward.w1": "S(0)", "feed_forward.w2": "S(1)",
+}
+
+
+@exercise
+def check_block_plan(block_plan: Callable[[], Mapping[str, Any]], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`block_plan()` returns the TP plan of one TowerBlock. The check trains a 2-layer Tower on a 2 x 2
+    mesh (TP with the plan, FSDP2 over dp) beside a single-process copy, then reads every weight's placement."""
+    if launch is None:
+        from course_lib import launch
+    try:
+        plan = block_plan()
+    except Exception as error:
+        raise_if_unwritten(error)
+        fail(f"block_plan() raised {one_line(error)}")
+    if not isinstance(plan, Mapping) or not plan:
+        fail(f"block_plan() returned {plan!r}: a plan is a dict from a submodule's name to a ParallelStyle",
+             'for example {"attention.wq": ColwiseParallel(), ...}')
+    unknown = sorted(set(plan) - set(_EXPECTED_TP) - {"attention_norm", "ffn_norm", "attention", "feed_forward"})
+    if unknown:
+        fail(f"the plan names {unknown}, which a TowerBlock does not have",
+             f"its Linear layers are {', '.join(_EXPECTED_TP)}")
+    try:
+        report = launch_quietly(launch, parallel2d.train_2d, dict(plan), world_size=4, timeout=180)[0]
+    except Exception as error:
+        first = str(error).strip().splitlines()
+        detail = next((line.strip() for line in first if "raised" in line), first[0] if first else "")
+        fail(f"training with your plan failed: {detail}",
+             "a column-wise layer's output is split over tp, so the layer after it must take a split input "
+             "(row-wise); every attention and feed-forward needs its pair")
+    if report["loss_diff"] > 1e-5 or report["param_diff"] > 1e-5:
+        fail(f"with your plan the 2-D model drifts from the single-process one (loss {report['loss_diff']:.2e}, "
+             f"weights {report['param_diff']:.2e} after 3 steps)", "a correct plan changes where the math runs, not the math")
+    placements = report["placements"]
+    for layer, want in _EXPECTED_TP.items():
+        got = placements.get(f"layers.0.{layer}.weight", ())
+        tp = got[1] if len(got) > 1 else None
+        if tp is None:
+            fail(f"{layer} is not split over tp: every tensor-parallel rank holds all of it ({got})",
+                 "every Linear of the block belongs in the plan: q, k, v, o and w1, w2")
+        if tp != want:
+            kind = "column-wise (its output features, weight dim 0)" if want == "S(0)" else "row-wise (its input features, weight dim 1)"
+            fail(f"{layer}'s weight is split {tp} over tp; it should be split {kind}",
+                 "q, k, v and w1 column-wise; wo and w2 row-wise, so each pair costs one all-reduce")
+    passed(f"tensor-parallel plan: q, k, v, w1 column-wise, wo, w2 row-wise; the 2 x 2 model equals one process "
+           f"(loss {report['loss_diff']:.1e}, weights {report['param_diff']:.1e})")
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def reference_bytes(model: nn.Module, dp: int, tp: int) -> int:
+    """Bytes of parameters per rank of ``model`` (a Tower) under TP over ``tp`` and FSDP2 over ``dp``:
+    the Linear weights are split dp x tp ways, everything else (the LayerNorms, which TP replicates) dp ways."""
+    linear = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return linear // (dp * tp) + (total - linear) // dp
+
+
+def _bytes_cases() -> list[tuple[parallel2d.Tower, int, int]]:
+    return [
+        (parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=2), 2, 2),
+        (parallel2d.Tower(dim=48, n_heads=6, hidden=96, n_layers=3), 1, 4),
+        (parallel2d.Tower(dim=64, n_heads=8, hidden=256, n_layers=1), 4, 2),
+        (parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=4), 8, 1),
+    ]
+
+
+@exercise
+def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -> None:
+    """`bytes_per_rank(model, dp, tp)`: parameter bytes each rank holds under the 2-D layout."""
+    for model, dp, tp in _bytes_cases():
+        want = reference_bytes(model, dp, tp)
+        try:
+            got = bytes_per_rank(model, dp, tp)
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"bytes_per_rank raised {one_line(error)} (dp={dp}, tp={tp})")
+        if got == want:
+            continue
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        linear = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+        case = f"dp={dp}, tp={tp}, a {len(model.layers)}-layer Tower of {total:,} bytes"
+        if got == total // (dp * tp):
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it splits everything dp x tp ways",
+                 "TP splits only the Linear layers; the LayerNorms stay whole on every tp rank (FSDP still shards them over dp)")
+        if got == linear // (dp * tp):
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it leaves out the LayerNorms",
+                 "count every parameter: the norms are split over dp only")
+        if got == total // dp:
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it ignores tensor parallelism")
+        if got == total // tp or got == linear // tp + (total - linear):
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it ignores FSDP over dp")
+        if got == linear // (dp * tp) + (total - linear) // (dp * tp) * tp:
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}")
+        fail(f"bytes_per_rank gave {got!r} for {case}, expected {want:,}",
+             "Linear weights / (dp * tp) + the other parameters / dp, in bytes (fp32: 4 per value)")
+    passed("bytes_per_rank: Linear weights split dp x tp ways, LayerNorms dp ways (4 layouts, 4 model sizes)")
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+
+def reference_peak(model: nn.Module, dp: int, tp: int) -> int:
+    """Parameter bytes at the peak of a forward: what the rank holds, plus the one block FSDP has gathered over
+    dp (its Linear weights split tp ways, its LayerNorms whole); nothing is gathered when dp is 1."""
+    block = model.layers[0]
+    linear = sum(m.weight.numel() * m.weight.element_size() for m in block.modules() if isinstance(m, nn.Linear))
+    total = sum(p.numel() * p.element_size() for p in block.parameters())
+    gathered = linear // tp + (total - linear) if dp > 1 else 0
+    return reference_bytes(model, dp, tp) + gathered
+
+
+def reference_mesh(world_size: int, ranks_per_host: int, model: parallel2d.Tower, budget_bytes: int) -> tuple[int, int] | None:
+    """The mesh the lab asks for: the smallest tp (most data parallelism, fewest per-layer all-reduces) that
+    divides the world and the heads and stays inside a host, and whose peak parameter bytes per rank
+    (:func:`reference_peak`) fit the budget; None if none does."""
+    n_heads = model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
+    for tp in range(1, world_size + 1):
+        if world_size % tp or n_heads % tp or tp > ranks_per_host:
+            continue
+        if reference_peak(model, world_size // tp, tp) <= budget_bytes:
+            return (world_size // tp, tp)
+    return None
+
+
+def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
+    small = parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=2)
+    wide = parallel2d.Tower(dim=48, n_heads=6, hidden=192, n_layers=2)
+    return [
+        (4, 2, small, 40_000, "the lab's model, 4 ranks on 2 hosts of 2, 40,000 bytes"),
+        (4, 2, small, 60_000, "the same with 60,000 bytes"),
+        (4, 2, small, 30_000, "the same with 30,000 bytes"),
+        (8, 4, wide, 90_000, "6 heads, 8 ranks on 2 hosts of 4, 90,000 bytes"),
+        (8, 4, wide, 60_000, "6 heads, 8 ranks on 2 hosts of 4, 60,000 bytes"),
+        (6, 6, wide, 80_000, "6 heads, 6 ranks on one host, 80,000 bytes"),
+    ]
+
+
+@exercise
+def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) -> None:
+    """`choose_mesh(world_size, ranks_per_host, model, budget_bytes)` -> ``(dp, tp)`` or None."""
+    for world, per_host, model, budget, what in _mesh_cases():
+        want = reference_mesh(world, per_host, model, budget)
+        try:
+            got = choose_mesh(world, per_host, model, budget)
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"choose_mesh raised {one_line(error)} ({what})")
+        got = tuple(got) if isinstance(got, (tuple, list)) else got
+        if got == want:
+            continue
+        if got is None:
+            fail(f"choose_mesh returned None for {what}, but {want} fits")
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
+            fail(f"choose_mesh returned {got!r} for {what}: return a pair (dp, tp) of ints, or None")
+        dp, tp = got
+        heads = model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
+        if dp * tp != world:
+            fail(f"choose_mesh returned {got} for {what}: dp x tp must use all {world} ranks")
+        if heads % tp:
+            fail(f"choose_mesh returned {got} for {what}: {heads} heads do not split over tp={tp}",
+                 "each tensor-parallel rank computes whole heads")
+        if tp > per_host:
+            fail(f"choose_mesh returned {got} for {what}: tp={tp} spans hosts ({per_host} ranks per host)",
+                 "TP all-reduces twice per block, forward and backward: keep it on the fast links inside a host")
+        if reference_peak(model, dp, tp) > budget:
+            fail(f"choose_mesh returned {got} for {what}: its peak is {reference_peak(model, dp, tp):,} bytes per rank, "
+                 "over the budget", "the peak is what a rank holds plus the block FSDP gathers (section 3)")
+        if want is None:
+            fail(f"choose_mesh returned {got} for {what}; no mesh fits, so it should return None")
+        fail(f"choose_mesh returned {got} for {what}; {want} also fits with less tensor parallelism",
+             "prefer the smallest tp that fits: more data parallelism, fewer per-layer all-reduces")
+    passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (6 cases)")

@@ -1,0 +1,188 @@
+"""Lab 12's checks pass the solutions and reject the mistakes a learner plausibly makes, each with its reason."""
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+from torch import nn
+
+from course_lib import parallel2d
+from course_lib.checks import CheckFailed, lab12
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def rejects(check, *args, match: str) -> str:
+    with pytest.raises(CheckFailed) as failure:
+        check(*args)
+    assert match in str(failure.value), str(failure.value)
+    return str(failure.value)
+
+
+# ------------------------------------------------------------------------------------------ exercise 1
+
+
+def col():
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel()
+
+
+def row():
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return RowwiseParallel()
+
+
+def good_plan():
+    return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "attention.wo": row(),
+            "feed_forward.w1": col(), "feed_forward.w2": row()}
+
+
+def test_block_plan_passes_the_solution(capsys):
+    lab12.check_block_plan(good_plan)
+    assert capsys.readouterr().out.startswith("✓ tensor-parallel plan")
+
+
+def mlp_only():  # attention left whole on every tp rank
+    return {"feed_forward.w1": col(), "feed_forward.w2": row()}
+
+
+def attention_only():
+    return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "attention.wo": row()}
+
+
+def swapped_mlp():  # row-wise first: it takes a whole input as if it were split
+    return {**attention_only(), "feed_forward.w1": row(), "feed_forward.w2": col()}
+
+
+def without_wo():  # q, k, v split, but the output projection left whole
+    return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "feed_forward.w1": col(),
+            "feed_forward.w2": row()}
+
+
+def all_colwise():
+    return {name: col() for name in good_plan()}
+
+
+def wrong_names():  # the names of torch's nn.TransformerEncoderLayer, not of this block
+    return {"self_attn.out_proj": row(), "linear1": col(), "linear2": row()}
+
+
+@pytest.mark.parametrize("plan, reason", [
+    (mlp_only, "attention.wq is not split over tp"),
+    (attention_only, "feed_forward.w1 is not split over tp"),
+    (swapped_mlp, "failed"),
+    (without_wo, "failed"),
+    (all_colwise, "failed"),
+    (wrong_names, "which a TowerBlock does not have"),
+    (lambda: {}, "a plan is a dict"),
+    (lambda: [("attention.wq", col())], "a plan is a dict"),
+])
+def test_block_plan_rejects(plan, reason):
+    rejects(lab12.check_block_plan, plan, match=reason)
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
+
+
+def good_bytes(model, dp, tp):
+    linear = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    total = sum(p.numel() * 4 for p in model.parameters())
+    return linear // (dp * tp) + (total - linear) // dp
+
+
+def test_bytes_per_rank_passes_the_solution(capsys):
+    lab12.check_bytes_per_rank(good_bytes)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _total(model):
+    return sum(p.numel() * 4 for p in model.parameters())
+
+
+def _linear(model):
+    return sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (lambda m, dp, tp: _total(m) // (dp * tp), "splits everything dp x tp ways"),
+    (lambda m, dp, tp: _linear(m) // (dp * tp), "leaves out the LayerNorms"),
+    (lambda m, dp, tp: _total(m) // dp, "ignores tensor parallelism"),
+    (lambda m, dp, tp: _linear(m) // tp + (_total(m) - _linear(m)), "ignores FSDP"),
+    (lambda m, dp, tp: sum(p.numel() for p in m.parameters()) // (dp * tp), "expected"),  # values, not bytes
+    (lambda m, dp, tp: 17024, "expected"),  # the lab's measured figure, typed in
+])
+def test_bytes_per_rank_rejects(answer, reason):
+    rejects(lab12.check_bytes_per_rank, answer, match=reason)
+
+
+def test_the_bytes_formula_is_what_the_ranks_hold():
+    from course_lib import launch
+
+    for shape in ((2, 2), (1, 4)):
+        out = launch(parallel2d.train_2d, good_plan(), mesh_shape=shape, steps=1, world_size=4, show_ranks=[])
+        model = parallel2d.Tower()
+        assert {r["param_bytes"] for r in out} == {lab12.reference_bytes(model, *shape)}
+        gathered = max((c.bytes_out for c in out[0]["forward_collectives"] if c.op == "all_gather"), default=0)
+        assert out[0]["param_bytes"] + gathered == lab12.reference_peak(model, *shape)
+        assert out[0]["loss_diff"] < 1e-6
+
+
+# ------------------------------------------------------------------------------------------ exercise 3
+
+
+def good_mesh(world, per_host, model, budget):
+    return lab12.reference_mesh(world, per_host, model, budget)
+
+
+def test_choose_mesh_passes_the_solution(capsys):
+    lab12.check_choose_mesh(good_mesh)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _heads(model):
+    return model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
+
+
+def largest_tp(world, per_host, model, budget):  # the most TP that fits: valid, but not the choice asked for
+    for tp in range(world, 0, -1):
+        if world % tp == 0 and _heads(model) % tp == 0 and tp <= per_host and lab12.reference_peak(model, world // tp, tp) <= budget:
+            return world // tp, tp
+    return None
+
+
+def ignores_hosts(world, per_host, model, budget):
+    for tp in range(1, world + 1):
+        if world % tp == 0 and _heads(model) % tp == 0 and lab12.reference_peak(model, world // tp, tp) <= budget:
+            return world // tp, tp
+    return None
+
+
+def ignores_heads(world, per_host, model, budget):
+    for tp in range(1, world + 1):
+        if world % tp == 0 and tp <= per_host and lab12.reference_peak(model, world // tp, tp) <= budget:
+            return world // tp, tp
+    return None
+
+
+def resident_only(world, per_host, model, budget):  # forgets the gathered block: pure FSDP always "fits"
+    for tp in range(1, world + 1):
+        if world % tp == 0 and _heads(model) % tp == 0 and tp <= per_host and lab12.reference_bytes(model, world // tp, tp) <= budget:
+            return world // tp, tp
+    return None
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (largest_tp, "less tensor parallelism"),
+    (ignores_hosts, "spans hosts"),
+    (ignores_heads, "do not split over tp"),
+    (resident_only, "over the budget"),
+    (lambda w, h, m, b: (w, 1), "over the budget"),  # always pure FSDP
+    (lambda w, h, m, b: (2, 2), "less tensor parallelism"),  # the lab's answer, typed in
+    (lambda w, h, m, b: [w // 2, 2], "less tensor parallelism"),  # a list is read as a pair
+    (lambda w, h, m, b: "2x2", "return a pair"),
+])
+def test_choose_mesh_rejects(answer, reason):
+    rejects(lab12.check_choose_mesh, answer, match=reason)
