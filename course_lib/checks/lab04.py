@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from course_lib import data
+from course_lib import data, training
 from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
 
 # A small world for the checks: the same tables as the lab's log, few rows (fast to make and to train on).
@@ -42,6 +42,13 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
     if not isinstance(wrapped, DistributedModelParallel):
         return report
     report["actual"] = training.sharding_types(wrapped)
+    report["replicas"] = type(getattr(wrapped, "_dmp_wrapped_module", None)).__name__
+    fused = getattr(wrapped, "fused_optimizer", None)
+    if fused is not None:
+        from course_lib import optimizers
+
+        report["fused states"] = sorted({row["state"].split(".")[-1] for row in optimizers.state_rows(fused)})
+        report["fused lr"] = sorted({group["lr"] for group in fused.param_groups})
     report["whole_model"] = {"model.dense_arch", "model.over_arch"} <= {name for name, _ in wrapped.module.named_modules()}
     if report["whole_model"] and report["actual"] == requested:
         try:  # it must also train: one step on a small batch
@@ -84,9 +91,33 @@ def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], la
                 "pass the plan to DistributedModelParallel (plan=plan): without it, DMP runs the planner and "
                 "uses the planner's plan",
             )
+    if report.get("replicas") != "DistributedDataParallel":
+        fail(
+            f"DMP did not wrap the dense part in DistributedDataParallel (it is a {report.get('replicas')}): "
+            "each rank would train its own dense replica",
+            "leave init_data_parallel at its default (True); section 5 shows the replicas drift apart without it",
+        )
+    want_lr = training.DEFAULT_EMBEDDING_LR
+    lr_ok = all(math.isclose(lr, want_lr, rel_tol=1e-6) for lr in report.get("fused lr", []))
+    if "fused states" in report and (not report["fused states"] or not lr_ok):
+        if not report["fused states"]:
+            fail(
+                f"the fused tables train with exact SGD at lr {_rates(report['fused lr'])}: fbgemm's default, because the "
+                "sharders you passed (or DMP's default ones) name no optimizer",
+                "pass the course's sharders, sharders=training.sharders(): their EBC sharder fuses Adagrad at "
+                f"lr {want_lr} into backward (lab 05)",
+            )
+        fail(
+            f"the fused tables train at lr {_rates(report['fused lr'])}, the course's sharders use {want_lr}",
+            "pass sharders=training.sharders() as they are (their default learning rate)",
+        )
     if "error" in report:
         fail(report["error"])
     passed("wrap applies the plan to every table: " + ", ".join(f"{t} {s}" for t, (s, _) in report["requested"].items()))
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join(f"{rate:.3g}" for rate in rates)
 
 
 def _describe(sharding: tuple[str, tuple[int, ...]] | None) -> str:
@@ -169,9 +200,14 @@ def check_train_step(train_step: Callable[[Any, Any, Any], Any]) -> None:
 # ------------------------------------------------------------------------------------------ exercise 3
 
 
-def _gap_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, data.ClickLog]:
+_SECOND_CONFIG = data.ClickLogConfig(num_train=1_000, num_test=1_500, seed=11)
+
+
+def _gap_case(
+    seed: int, config: data.ClickLogConfig = _CHECK_CONFIG
+) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, data.ClickLog]:
     """A model's scores on a shuffled test split: noisy true logits, in an order that is not the split's."""
-    log = data.make_click_log(_CHECK_CONFIG)
+    log = data.make_click_log(config)
     generator = torch.Generator().manual_seed(seed)
     noisy = log.test.true_logits + 1.5 * torch.randn(len(log.test), generator=generator)
     order = torch.randperm(len(log.test), generator=generator)
@@ -191,6 +227,18 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
     except Exception as error:
         fail(f"auc_gap raised {type(error).__name__}: {error}")
     if math.isclose(got, want, abs_tol=1e-6):
+        # a second, different case: a function that returns the first case's number is not an answer
+        logits2, labels2, split2, _ = _gap_case(seed=2, config=_SECOND_CONFIG)
+        want2 = data.bayes_optimal_auc(split2) - float(BinaryAUROC()(logits2, labels2))
+        try:
+            got2 = float(auc_gap(logits2.clone(), labels2.clone(), split2))
+        except Exception as error:
+            fail(f"auc_gap raised {type(error).__name__} on a second split: {error}")
+        if not math.isclose(got2, want2, abs_tol=1e-6):
+            fail(
+                f"on a second split (another log, other scores) auc_gap returned {got2:.4f}, expected {want2:.4f}",
+                "compute the gap from the arguments: data.bayes_optimal_auc(split) and the AUC of logits vs labels",
+            )
         passed(f"auc_gap = optimum - model AUC ({want:.4f} on the check's split)")
         return
     if math.isclose(got, -want, abs_tol=1e-6):
@@ -209,5 +257,15 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
             f"auc_gap returned {got:.4f}, expected {want:.4f}: the logits were scored against split.labels",
             "the logits come back in the ranks' order, not the split's: score them against the labels "
             "returned with them",
+        )
+    if math.isclose(got, 0.0, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned 0, expected {want:.4f}: the optimum was compared with itself",
+            "the model's AUC comes from `logits` (the model's scores), not from split.true_logits",
+        )
+    if math.isclose(got, 1 - model_auc, abs_tol=1e-6) or math.isclose(got, model_auc, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned {got:.4f}, expected {want:.4f}: the optimum is missing",
+            "the best possible AUC is not 1 on a noisy log: it is data.bayes_optimal_auc(split)",
         )
     fail(f"auc_gap returned {got:.4f}, expected {want:.4f}", "data.bayes_optimal_auc(split) - AUC of logits vs labels")
