@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from course_lib.checks import CheckFailed
 from course_lib.checks import lab06
@@ -50,6 +51,44 @@ def shard_with_ddp(model):
     return DistributedDataParallel(model)
 
 
+def shard_a_copy(model):
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(model)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def shard_without_resharding(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block, reshard_after_forward=False)
+    fully_shard(model)
+
+
+def shard_the_embedding_too(model):
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model.tok_embeddings)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def shard_every_linear(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for module in list(model.modules()):
+        if isinstance(module, torch.nn.Linear):
+            fully_shard(module)
+    fully_shard(model)
+
+
 def not_written(model):
     raise NotImplementedError()
 
@@ -68,6 +107,10 @@ def test_shard_check_accepts_the_solution(capsys):
         (shard_blocks_only, "the root is not sharded"),
         (shard_root_first, "bottom-up|not a group"),
         (shard_with_ddp, "no parameter is sharded"),
+        (shard_a_copy, "returned another module"),
+        (shard_without_resharding, "reshard_after_forward"),
+        (shard_the_embedding_too, "of its own besides the blocks"),
+        (shard_every_linear, "are groups of its own besides"),
         (not_written, "not written yet"),
     ],
 )
@@ -105,6 +148,18 @@ def predict_count_not_bytes(num_params, world_size):
             "optimizer": 2 * num_params / world_size}
 
 
+def predict_zero1(num_params, world_size):  # only the optimizer state sharded
+    return {**predict_solution(num_params, world_size), "params": 4 * num_params, "grads": 4 * num_params}
+
+
+def predict_no_grads(num_params, world_size):  # "gradients are freed after the step"
+    return {**predict_solution(num_params, world_size), "grads": 0}
+
+
+def predict_for_two_ranks(num_params, world_size):  # world_size typed in
+    return predict_solution(num_params, 2)
+
+
 def test_bytes_check_accepts_the_solution(capsys):
     lab06.check_bytes_prediction(predict_solution)
     assert capsys.readouterr().out.startswith("✓")
@@ -118,6 +173,9 @@ def test_bytes_check_accepts_the_solution(capsys):
         (predict_master_copy, "no fp32 master copy"),
         (predict_zero2, "under DDP"),
         (predict_count_not_bytes, "counts values, not bytes"),
+        (predict_zero1, "under DDP"),
+        (predict_no_grads, "grads"),
+        (predict_for_two_ranks, "on 4 ranks"),
         (lambda n, w: [1, 2, 3], "return a dict"),
         (lambda n, w: {"params": "4N", "grads": 0, "optimizer": 0}, "number of bytes"),
     ],

@@ -39,9 +39,11 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         raise
     except Exception as error:  # noqa: BLE001  (what it had done by then tells why)
         return {"groups": fsdp_groups(model), "plain": [], "shard_error": one_line(error)}
-    if isinstance(returned, torch.nn.Module):
+    report: dict[str, Any] = {}
+    if isinstance(returned, torch.nn.Module) and returned is not model:
+        report["returned another module"] = type(returned).__name__
         model = returned
-    report: dict[str, Any] = {
+    report |= {
         "groups": fsdp_groups(model),
         "plain": [name for name, p in model.named_parameters() if not is_sharded(p)],
     }
@@ -59,6 +61,7 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         report["train_error"] = one_line(error)
         return report
     report["forward_all_gathers"] = sum(1 for r in log.records if r.phase == "forward" and r.op == "all_gather")
+    report["backward_all_gathers"] = sum(1 for r in log.records if r.phase == "backward" and r.op == "all_gather")
     report["backward_reduce_scatters"] = sum(
         1 for r in log.records if r.phase == "backward" and r.op == "reduce_scatter"
     )
@@ -105,7 +108,8 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             "call fully_shard (from torch.distributed.fsdp) on each block of model.layers, then on model",
         )
     missing = [b for b in blocks if b not in groups]
-    if "" in groups and missing == blocks:
+    extra = [g for g in groups if g != "" and g not in blocks]
+    if "" in groups and missing == blocks and not extra:
         ran = report.get("forward_all_gathers")
         fail(
             "only the root was sharded: it is one group, so "
@@ -113,6 +117,13 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             + "every rank holds all the full parameters at once",
             "call fully_shard on each block of model.layers first, then on the model: one group per block means "
             "only one block's full parameters exist at a time",
+        )
+    if extra:
+        shown = ", ".join(repr(g) for g in extra[:4]) + (", ..." if len(extra) > 4 else "")
+        fail(
+            f"{shown} {'is a group' if len(extra) == 1 else 'are groups'} of its own besides the blocks and the "
+            "root: every group is one more all-gather per forward and one more reduce-scatter per backward",
+            "one fully_shard per block of model.layers, then one on the model; the root's group takes the rest",
         )
     if missing:
         fail(
@@ -129,6 +140,12 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
         )
     if plain:
         fail(f"{', '.join(plain)} are not sharded", "every parameter should be a DTensor after fully_shard")
+    if "returned another module" in report:
+        fail(
+            f"shard(model) returned another module (a {report['returned another module']}) instead of sharding "
+            "the model it was given",
+            "fully_shard changes `model` in place; shard it, and do not copy it or build a new one",
+        )
     if "train_error" in report:
         fail(f"a training step on the sharded model failed: {report['train_error']}",
              "shard the model in place with fully_shard, then train it as usual")
@@ -138,6 +155,13 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             f"one forward ran {report['forward_all_gathers']} all-gathers, expected {expected} "
             "(one per block, one for the root)",
             "call fully_shard bottom-up: each block first, the root last",
+        )
+    if report["backward_all_gathers"] != len(blocks):
+        fail(
+            f"one backward ran {report['backward_all_gathers']} all-gathers, expected {len(blocks)} (each block's "
+            "parameters gathered again): the blocks kept their full parameters from forward to backward",
+            "leave reshard_after_forward at its default (True): that is what frees each block's full parameters "
+            "after its forward, the memory FSDP saves",
         )
     if not report["updated"]:
         fail(
