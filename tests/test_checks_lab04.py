@@ -293,3 +293,77 @@ def test_auc_gap_check_accepts_the_solution(capsys):
 def test_auc_gap_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab04.check_auc_gap(wrong)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def fold_ids(batch, modulo=20):
+    from torchrec import KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch
+
+    raw = batch.sparse_features
+    ids = KeyedJaggedTensor(keys=raw.keys(), values=raw.values() % modulo, lengths=raw.lengths())
+    return Batch(dense_features=batch.dense_features, sparse_features=ids, labels=batch.labels)
+
+
+def capped_model(dlrm):
+    from torchrec.models.dlrm import DLRMTrain
+
+    class PipelinedModel(DLRMTrain):
+        def forward(self, batch):
+            logits = self.model(batch.dense_features.clamp(max=2.0), batch.sparse_features).squeeze(-1)
+            loss = self.loss_fn(logits, batch.labels.float())
+            return loss, (loss.detach(), logits.detach(), batch.labels)
+
+    return PipelinedModel(dlrm)
+
+
+def plain_dlrm(dlrm):
+    from torchrec.models.dlrm import DLRMTrain
+
+    return DLRMTrain(dlrm)
+
+
+def unchanged(batch):
+    return batch
+
+
+def fold_and_cap(batch):
+    from torchrec.datasets.utils import Batch
+
+    folded = fold_ids(batch)
+    return Batch(dense_features=batch.dense_features.clamp(max=2.0), sparse_features=folded.sparse_features,
+                 labels=batch.labels)
+
+
+def fold_as_a_dict(batch):
+    folded = fold_ids(batch)
+    return {"dense_features": folded.dense_features, "sparse_features": folded.sparse_features, "labels": folded.labels}
+
+
+def test_pipelineable_check_accepts_the_solution(capsys):
+    lab04.check_pipelineable(capped_model, fold_ids)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_pipelineable_check_accepts_both_steps_in_the_loader(capsys):
+    lab04.check_pipelineable(plain_dlrm, fold_and_cap)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "model_class, prepare, words",
+    [
+        (lab04._raw_log_model, unchanged, "will NOT pipeline"),
+        (lab04._raw_log_model, fold_ids, "will NOT pipeline"),
+        (plain_dlrm, fold_ids, "(?s)step 1: loss .* capped at 2"),
+        (capped_model, unchanged, "(?s)step 1: loss .* folded exactly once"),
+        (plain_dlrm, unchanged, "step 1: loss"),
+        (capped_model, lambda batch: fold_ids(batch, modulo=50), "step 1: loss"),
+        (capped_model, fold_as_a_dict, "raised"),
+    ],
+)
+def test_pipelineable_check_rejects_wrong_answers(model_class, prepare, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab04.check_pipelineable(model_class, prepare)

@@ -45,6 +45,17 @@ def shard_dense_stub() -> type:
     return ShardDenseWithFSDP
 
 
+def pipelined_model_stub() -> type:
+    """Lab 04's exercise 4 as shipped: a DLRMTrain subclass whose forward is unwritten."""
+    from torchrec.models.dlrm import DLRMTrain
+
+    class PipelinedModel(DLRMTrain):
+        def forward(self, batch: Any) -> Any:
+            raise NotImplementedError()
+
+    return PipelinedModel
+
+
 def per_table() -> dict[str, Any]:
     from torchrec.distributed.sharding_plan import table_wise
 
@@ -64,6 +75,7 @@ CASES = {
     "04 wrap": (lab04.check_wrap, [stub("wrap"), per_table()], "wrap"),
     "04 train_step": (lab04.check_train_step, [stub("train_step")], "train_step"),
     "04 auc_gap": (lab04.check_auc_gap, [stub("auc_gap")], "auc_gap"),
+    "04 pipelineable": (lab04.check_pipelineable, [pipelined_model_stub(), stub("prepare")], "PipelinedModel"),
     "05 rowwise_sharder": (lab05.check_rowwise_sharder, [stub("rowwise_adagrad_sharder")], "rowwise_adagrad_sharder"),
     "05 combined_optimizer": (lab05.check_combined_optimizer, [stub("combined_optimizer")], "combined_optimizer"),
     "05 state_bytes": (lab05.check_state_bytes, [stub("state_bytes_per_rank"), {}], "state_bytes_per_rank"),

@@ -269,3 +269,109 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
             "the best possible AUC is not 1 on a noisy log: it is data.bayes_optimal_auc(split)",
         )
     fail(f"auc_gap returned {got:.4f}, expected {want:.4f}", "data.bayes_optimal_auc(split) - AUC of logits vs labels")
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+_PIPELINE_STEPS = 6
+
+
+def _raw_log_model(dlrm: Any) -> Any:
+    """The lab's FoldIdsInForward: folds every id modulo 20 and caps the dense features at 2, in forward."""
+    from torchrec import KeyedJaggedTensor
+    from torchrec.models.dlrm import DLRMTrain
+
+    class FoldIdsInForward(DLRMTrain):
+        def forward(self, batch: Any) -> Any:
+            raw = batch.sparse_features
+            ids = KeyedJaggedTensor(keys=raw.keys(), values=raw.values() % 20, lengths=raw.lengths())
+            dense = batch.dense_features.clamp(max=2.0)
+            logits = self.model(dense, ids).squeeze(-1)
+            loss = self.loss_fn(logits, batch.labels.float())
+            return loss, (loss.detach(), logits.detach(), batch.labels)
+
+    return FoldIdsInForward(dlrm)
+
+
+def _pipeline_on_rank(model_class: Callable[[Any], Any], prepare: Callable[[Any], Any]) -> dict[str, Any]:
+    """Runs on every rank: the reference trained by a plain loop, then the learner's pair in the pipeline."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from course_lib import models, planning
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    split = data.make_click_log(_CHECK_CONFIG).train
+
+    def sharded(wrapper: Callable[[Any], Any]) -> Any:
+        torch.manual_seed(0)
+        model = wrapper(models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta").model)
+        planner = EmbeddingShardingPlanner(topology=planning.topology(world_size))
+        plan = planner.collective_plan(model, training.sharders(), dist.GroupMember.WORLD)
+        return DistributedModelParallel(model, device=training.device(), plan=plan, sharders=training.sharders())
+
+    reference = sharded(_raw_log_model)
+    want = training.train(reference, training.optimizer(reference), split, 64, max_steps=_PIPELINE_STEPS, desc=None)
+    report: dict[str, Any] = {"want": want}
+    try:
+        dmp = sharded(model_class)
+    except Exception as error:
+        raise_if_unwritten(error)
+        report["error"] = f"building and sharding PipelinedModel(dlrm) raised {one_line(error)}"
+        return report
+    pipeline = TrainPipelineSparseDist(dmp, training.optimizer(dmp), training.device())
+    batches = (prepare(batch) for batch in data.batches(split, 64, rank, world_size))
+    try:
+        with training.pipelining_log() as verdicts:
+            report["got"] = [float(pipeline.progress(batches)[0]) for _ in range(_PIPELINE_STEPS)]
+    except Exception as error:
+        raise_if_unwritten(error)
+        report["error"] = f"the pipeline raised {one_line(error)}"
+    report["verdicts"] = list(verdicts)
+    return report
+
+
+@exercise
+def check_pipelineable(
+    model_class: Callable[[Any], Any], prepare: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None
+) -> None:
+    """`model_class(dlrm)` and `prepare(batch)` must train exactly as ``FoldIdsInForward`` does, with the
+    sharded EBC taken over by ``TrainPipelineSparseDist`` (its input dist overlapped).
+
+    The check runs both on 2 ranks on a log of its own: the reference (``FoldIdsInForward``) in a plain loop,
+    then `model_class` in the pipeline fed ``prepare(batch)`` for every batch, and compares the losses.
+    """
+    if launch is None:
+        from course_lib import launch
+    report = launch(_pipeline_on_rank, model_class, prepare, world_size=2, show_ranks=[])[0]
+    verdicts = report.get("verdicts", [])
+    refused = [v for v in verdicts if "will NOT be pipelined" in v]
+    if refused:
+        fail(
+            "torchrec will NOT pipeline the EBC: it gets a KeyedJaggedTensor that forward computes",
+            "move the id folding into prepare(batch) (the data pipeline); forward must hand the batch's own "
+            "sparse_features to the model",
+        )
+    if "error" in report:
+        fail(report["error"], "prepare(batch) returns a torchrec Batch; PipelinedModel(dlrm) is a DLRMTrain subclass")
+    if not verdicts:
+        fail(
+            "the pipeline found no sharded module to take over",
+            "PipelinedModel must hold the DLRM it is given (DLRMTrain.__init__ stores it as self.model)",
+        )
+    got, want = report["got"], report["want"]
+    for step, (g, w) in enumerate(zip(got, want)):
+        if not math.isclose(g, w, rel_tol=1e-5, abs_tol=1e-6):
+            hint = (
+                "the first loss differs already: the model no longer computes what FoldIdsInForward computes "
+                "(are the ids folded exactly once, and the dense features still capped at 2?)"
+                if step == 0
+                else "the losses part after the first step: does the model still update the way the reference does?"
+            )
+            fail(f"step {step + 1}: loss {g:.6f}, FoldIdsInForward's loss {w:.6f}", hint)
+    passed(
+        f"the EBC is pipelined and {len(got)} losses equal FoldIdsInForward's: the ids are folded in the "
+        "data pipeline, the rest stays in forward"
+    )
