@@ -51,6 +51,19 @@ def shard_with_ddp(model):
     return DistributedDataParallel(model)
 
 
+def shard_resharding_the_root_too(model):  # not a mistake: the root gathers once more in backward
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model, reshard_after_forward=True)
+
+
+def test_shard_check_accepts_a_root_that_reshards(capsys):
+    lab06.check_shard(shard_resharding_the_root_too)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def shard_a_copy(model):
     import copy
 
