@@ -210,3 +210,101 @@ def test_bytes_check_says_when_the_answer_is_not_written():
 
     with pytest.raises(CheckFailed, match="not written yet"):
         lab06.check_bytes_prediction(predict)
+
+
+# ------------------------------------------------------------------------------------------ hsdp
+
+
+def hsdp_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+
+def reset_every_module(model):
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+        elif isinstance(module, torch.nn.MultiheadAttention):
+            module._reset_parameters()
+
+
+def build_hsdp(mesh, *, materialize=True, reset=reset_every_module, blocks=True, shard_mesh=None):
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
+    if blocks:
+        for block in model.layers:
+            fully_shard(block, mesh=shard_mesh or mesh)
+    fully_shard(model, mesh=shard_mesh or mesh)
+    if materialize:
+        model.to_empty(device="cpu")
+        if reset is not None:
+            reset(model)
+    return model
+
+
+def flat_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (4,))
+
+
+def shard_across_hosts_mesh():  # ranks 0 and 2 share a shard group: each group spans both hosts
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", torch.tensor([[0, 2], [1, 3]]), mesh_dim_names=("replicate", "shard"))
+
+
+def unnamed_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (2, 2))
+
+
+def four_replicas_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (4, 1), mesh_dim_names=("replicate", "shard"))
+
+
+def reset_all_but_attention(model):
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+
+
+def build_without_reset(mesh):
+    model = build_hsdp(mesh, reset=None)
+    with torch.no_grad():  # to_empty's memory is often zeros; make that certain
+        for p in model.parameters():
+            p.to_local().zero_()
+    return model
+
+
+def test_hsdp_check_accepts_the_solution(capsys):
+    lab06.check_hsdp(hsdp_mesh, build_hsdp)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "mesh, build, words",
+    [
+        (flat_mesh, build_hsdp, "1-D mesh is plain FSDP"),
+        (shard_across_hosts_mesh, build_hsdp, "shards span hosts"),
+        (four_replicas_mesh, build_hsdp, "shape \\(4, 1\\)"),
+        (unnamed_mesh, build_hsdp, "mesh_dim_names"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, materialize=False), "never materialized"),
+        (hsdp_mesh, build_without_reset, "not initialized"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, reset=reset_all_but_attention), "in_proj_weight"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, shard_mesh=mesh["shard"]), "Shard\\(dim=0\\),\\) ?, HSDP|placed"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, blocks=False), "one per block and the root"),
+        (hsdp_mesh, lambda mesh: None, "returned a NoneType"),
+    ],
+)
+def test_hsdp_check_rejects_wrong_answers(mesh, build, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_hsdp(mesh, build)

@@ -81,6 +81,7 @@ CASES = {
     "05 state_bytes": (lab05.check_state_bytes, [stub("state_bytes_per_rank"), {}], "state_bytes_per_rank"),
     "06 shard": (lab06.check_shard, [stub("shard")], "shard"),
     "06 bytes": (lab06.check_bytes_prediction, [stub("predict_fsdp_bytes")], "predict_fsdp_bytes"),
+    "06 hsdp": (lab06.check_hsdp, [stub("hsdp_mesh"), stub("build_hsdp")], "hsdp_mesh"),
     "07 wrapper": (lab07.check_wrapper, [shard_dense_stub()], None),  # its own words: "the wrapper"
     "07 dense_bytes": (lab07.check_dense_bytes, [stub("fsdp_dense_bytes")], "fsdp_dense_bytes"),
     "08 app_state": (lab08.check_app_state, [AppState], "AppState"),
