@@ -246,3 +246,50 @@ def test_state_bytes_check_rejects_a_wrong_measurement():
     wrong = {**MEASURED, EmbOptimType.EXACT_ADAGRAD: MEASURED[EmbOptimType.EXACT_ADAGRAD] * 2}
     with pytest.raises(CheckFailed, match="not the one section 4 made"):
         lab05.check_state_bytes(state_bytes_per_rank, wrong, ROWS, DIM, WORLD)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def choose_rowwise():
+    return rowwise_adagrad_sharder(0.1)
+
+
+def choose_adagrad():
+    return per_element_adagrad(0.1)
+
+
+def choose_default_sgd():
+    return EmbeddingBagCollectionSharder()
+
+
+def choose_sgd_with_a_large_rate():
+    return plain_sgd(1.0)
+
+
+def choose_fused_adam():
+    return adam_on_cpu(0.01)
+
+
+def choose_a_list():
+    return [choose_rowwise()]
+
+
+def test_budget_check_accepts_the_solution(capsys):
+    lab05.check_budget_choice(choose_rowwise)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (choose_adagrad, "keeps 100% of the table bytes"),
+        (choose_default_sgd, "exact_sgd at lr 0.01 reaches AUC"),
+        (choose_sgd_with_a_large_rate, "exact_sgd at lr 1 reaches AUC"),
+        (choose_fused_adam, "raised"),
+        (choose_a_list, "returned a list"),
+    ],
+)
+def test_budget_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab05.check_budget_choice(wrong)

@@ -79,6 +79,7 @@ CASES = {
     "05 rowwise_sharder": (lab05.check_rowwise_sharder, [stub("rowwise_adagrad_sharder")], "rowwise_adagrad_sharder"),
     "05 combined_optimizer": (lab05.check_combined_optimizer, [stub("combined_optimizer")], "combined_optimizer"),
     "05 state_bytes": (lab05.check_state_bytes, [stub("state_bytes_per_rank"), {}], "state_bytes_per_rank"),
+    "05 budget_choice": (lab05.check_budget_choice, [stub("choose_sharder")], "choose_sharder"),
     "06 shard": (lab06.check_shard, [stub("shard")], "shard"),
     "06 bytes": (lab06.check_bytes_prediction, [stub("predict_fsdp_bytes")], "predict_fsdp_bytes"),
     "06 hsdp": (lab06.check_hsdp, [stub("hsdp_mesh"), stub("build_hsdp")], "hsdp_mesh"),

@@ -312,3 +312,111 @@ def check_state_bytes(
         "the formula matches the measurement and other sizes: rows / world_size x (0 for SGD, dim for Adagrad, "
         "1 for row-wise Adagrad) x 4 bytes"
     )
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+BUDGET_FRACTION = 1 / 8  # optimizer state may take at most this share of the bytes of the tables a rank holds
+AUC_MARGIN = 0.01  # ... and the model must come within this of the AUC that exact (per-element) Adagrad reaches
+BUDGET_LOG = data.ClickLogConfig(num_train=60_000, num_test=10_000, seed=5)
+
+
+def train_with_sharder(sharder: Any, config: data.ClickLogConfig = BUDGET_LOG) -> dict[str, Any]:
+    """On every rank: the lab's DLRM sharded by the planner with `sharder`, one epoch of `config`'s log at
+    256 rows per rank per step, then ``{"auc", "state bytes", "table bytes"}``: the test AUC of all ranks,
+    and this rank's fused optimizer state and the bytes of the fused tables it holds."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from course_lib import memory, models, optimizers, planning, training
+
+    log = data.make_click_log(config)
+    torch.manual_seed(0)
+    model = models.click_dlrm(log.tables(16), config.num_dense, device="meta")
+    plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
+        model, [sharder], dist.GroupMember.WORLD
+    )
+    dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=[sharder])
+    training.train(dmp, training.optimizer(dmp), log.train, 256, 1, desc=None)
+    logits, labels = training.predict(dmp, log.test)
+    fused = [p for _, p in in_backward_optimizer_filter(dmp.named_parameters(), include=True)]
+    return {
+        "auc": training.auc(logits, labels),
+        "state bytes": optimizers.state_bytes(dmp.fused_optimizer),
+        "table bytes": sum(memory.tensor_bytes(p) for p in fused),
+    }
+
+
+def _budget_on_rank(choose_sharder: Callable[[], Any]) -> dict[str, Any]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    try:
+        sharder = choose_sharder()
+    except Exception as error:
+        raise_if_unwritten(error)
+        return {"error": f"choose_sharder() raised {one_line(error)}"}
+    if not isinstance(sharder, EmbeddingBagCollectionSharder):
+        return {"type": type(sharder).__name__}
+    params = dict(getattr(sharder, "fused_params", None) or {})
+    report: dict[str, Any] = {"type": "EmbeddingBagCollectionSharder", "optimizer": str(params.get("optimizer", "exact_sgd")),
+                              "lr": params.get("learning_rate", 0.01)}
+    try:
+        report["yours"] = train_with_sharder(sharder)
+    except Exception as error:
+        report["error"] = f"training with your sharder raised {one_line(error)}"
+        return report
+    adagrad = EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1}
+    )
+    report["adagrad"] = train_with_sharder(adagrad)
+    return report
+
+
+@exercise
+def check_budget_choice(choose_sharder: Callable[[], Any], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`choose_sharder()` must return an EmbeddingBagCollectionSharder whose fused optimizer keeps at most
+    ``BUDGET_FRACTION`` of each rank's table bytes as state and trains the lab's DLRM, in one epoch of a click
+    log of the check's own, to within ``AUC_MARGIN`` of the AUC that exact Adagrad (lr 0.1) reaches.
+    """
+    if launch is None:
+        from course_lib import launch
+    reports = launch(_budget_on_rank, choose_sharder, world_size=2, show_ranks=[])
+    report = reports[0]
+    if "type" not in report:
+        fail(report["error"], "return EmbeddingBagCollectionSharder(fused_params={'optimizer': ..., 'learning_rate': ...})")
+    if report["type"] != "EmbeddingBagCollectionSharder":
+        fail(f"choose_sharder() returned a {report['type']}", "return one EmbeddingBagCollectionSharder (as in exercise 1)")
+    if "error" in report:
+        hint = (
+            "fbgemm's CPU kernels fuse EXACT_SGD, EXACT_ADAGRAD and EXACT_ROWWISE_ADAGRAD only (section 4)"
+            if "CPU" in report["error"] or "deprecated" in report["error"]
+            else "fused_params={'optimizer': EmbOptimType..., 'learning_rate': ...}"
+        )
+        fail(report["error"], hint)
+    worst = max(r["yours"]["state bytes"] / r["yours"]["table bytes"] for r in reports)
+    if worst > BUDGET_FRACTION:
+        fail(
+            f"{report['optimizer']} keeps {worst:.0%} of the table bytes as state on a rank; the budget is "
+            f"{BUDGET_FRACTION:.1%}",
+            "an optimizer whose state is one value per row, not one per element, fits (section 4's table)",
+        )
+    auc, reference = report["yours"]["auc"], report["adagrad"]["auc"]
+    if auc < reference - AUC_MARGIN:
+        hint = (
+            "plain SGD keeps no state, but on sparse rows a single global learning rate trains slowly: an "
+            "adaptive optimizer scales each row's step by its own history"
+            if "sgd" in report["optimizer"]
+            else "the learning rate: try a few (0.01 to 0.5) and keep the best"
+        )
+        fail(
+            f"{report['optimizer']} at lr {report['lr']:g} reaches AUC {auc:.4f} in one epoch; exact Adagrad reaches "
+            f"{reference:.4f}, and the goal is within {AUC_MARGIN}",
+            hint,
+        )
+    passed(
+        f"{report['optimizer']} at lr {report['lr']:g}: state within {BUDGET_FRACTION:.1%} of the table bytes, "
+        f"and AUC within {AUC_MARGIN} of exact Adagrad's"
+    )
