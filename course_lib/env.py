@@ -71,6 +71,8 @@ class EnvFacts:
     nccl_available: bool
     nccl_version: str | None
     cpu_count: int | None
+    torchmetrics_version: str | None = None
+    torchmetrics_wanted: str | None = None  # the version torchrec's metadata pins (``torchmetrics==X``), if any
 
     @property
     def cuda_build(self) -> bool:
@@ -159,6 +161,18 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def _pinned_requirement(distribution: str, requirement: str) -> str | None:
+    """The version `distribution` pins `requirement` to in its metadata (``requirement==X``), else None."""
+    try:
+        for line in importlib.metadata.requires(distribution) or []:
+            name, _, rest = line.partition("==")
+            if name.strip().lower() == requirement and rest:
+                return rest.split(";")[0].strip()
+    except Exception:
+        pass
+    return None
+
+
 def _import_error(module: str) -> str | None:
     """None if ``import module`` works, else "ExceptionType: message" (never raises)."""
     try:
@@ -224,6 +238,8 @@ def collect_facts() -> EnvFacts:
         nccl_available=nccl_available,
         nccl_version=nccl_version,
         cpu_count=os.cpu_count(),
+        torchmetrics_version=_dist_version("torchmetrics"),
+        torchmetrics_wanted=_pinned_requirement("torchrec", "torchmetrics"),
     )
 
 
@@ -434,6 +450,17 @@ def diagnose(facts: EnvFacts, backend: str | None = None, world_size: int | None
         problems.append(Problem(
             "torchrec-import-failed", f"`import torchrec` fails: {_first_line(facts.torchrec_import_error)}",
             _torchrec_import_fix(facts.torchrec_import_error),
+        ))
+
+    wanted = facts.torchmetrics_wanted
+    if facts.torchrec_version and facts.torchmetrics_version and wanted and facts.torchmetrics_version != wanted:
+        problems.append(Problem(
+            "torchmetrics-version",
+            f"torchmetrics {facts.torchmetrics_version} is installed, torchrec {facts.torchrec_version} declares "
+            f"torchmetrics=={wanted}: torchrec imports, but its metrics (torchrec.metrics: NE, AUC, "
+            "RecMetricModule) can fail in compute() (with 1.9.0: \"A frozen dataclass was passed to "
+            "apply_to_collection\")",
+            f"pip install torchmetrics=={wanted} (or `{_rebuild(facts)}`, which rebuilds .venv)",
         ))
 
     if backend == "nccl" and torch_ok:
