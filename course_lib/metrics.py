@@ -84,10 +84,15 @@ def rec_metrics(logits: torch.Tensor, labels: torch.Tensor, window_rows: int, ba
     ``rec_metric_module`` in batches of `batch_size` rows, as an evaluation loop would, and returns
     ``compute()`` as plain numbers, the same on every rank, under torchrec's own keys
     (``"ne-click|lifetime_ne"``, ``"auc-click|window_auc"``, ...). Predictions enter as probabilities
-    (``sigmoid(logits)``), as torchrec expects; every row has weight 1.
+    (``sigmoid(logits)``), as torchrec expects; every row has weight 1. The module and its states live on
+    this rank's device (``training.device()``: the GPU under NCCL, whose collectives need CUDA tensors).
     """
-    module = rec_metric_module(window_rows, batch_size)
-    logits, labels = logits.detach().flatten().float(), labels.detach().flatten().float()
+    from course_lib import training
+
+    device = training.device()
+    module = rec_metric_module(window_rows, batch_size, device=device)
+    logits = logits.detach().flatten().float().to(device)
+    labels = labels.detach().flatten().float().to(device)
     for start in range(0, len(logits), batch_size):
         chunk = slice(start, start + batch_size)
         module.update(
