@@ -19,8 +19,10 @@ What torchrec computes (``torchrec/metrics/ne.py``, ``auc.py``, ``calibration.py
   of the window (exactly the last rows), and a lifetime AUC would keep every prediction ever made. NE and
   calibration keep sums per ``update``, and their window drops whole updates: it holds the newest updates
   whose rows fit in the window.
-- ``compute()`` all-gathers (AUC) or all-reduces (NE, calibration) the ranks' states, so every rank that
-  asks (``compute_on_all_ranks=True``) gets the metric of all ranks' rows together.
+- ``compute()`` syncs through torchmetrics: every state of every rank is all-gathered (after an all-gather of
+  its shape and a barrier) and reduced on each rank (NE's and calibration's sums added, AUC's kept
+  predictions concatenated), so every rank that asks (``compute_on_all_ranks=True``) gets the metric of all
+  ranks' rows together. No all-reduce runs.
 """
 from __future__ import annotations
 

@@ -82,6 +82,19 @@ def test_a_window_covers_only_the_last_rows_of_each_rank():
     assert window["ne-click|lifetime_ne"] == pytest.approx(metrics.normalized_entropy(logits, labels), rel=1e-5)
 
 
+def _collectives_of_compute() -> list[str]:
+    from course_lib import trace
+
+    logits, labels = _predictions()
+    with trace.collectives() as log:
+        metrics.rec_metrics(logits[:1_000], labels[:1_000], window_rows=ROWS, batch_size=256)
+    return sorted(set(log.ops()))
+
+
+def test_compute_syncs_by_all_gather_only():
+    assert launch(_collectives_of_compute, world_size=2, show_ranks=[])[0] == ["all_gather", "barrier"]
+
+
 def test_a_window_smaller_than_a_batch_is_refused():
     with pytest.raises(ValueError, match="must hold a whole batch"):
         metrics.rec_metric_module(window_rows=100, batch_size=256)
