@@ -3,6 +3,7 @@
     log = data.make_click_log(data.ClickLogConfig())       # seeded, deterministic
     log.test                                               # a ClickSplit: counts, dense, ids, labels, true logits
     data.bayes_optimal_auc(log.test)                       # AUC of the true click probabilities on these labels
+    data.bayes_optimal_ne(log.test)                        # ... and their normalized entropy
     for batch in data.batches(log.train, 512, rank, world_size):   # torchrec Batch objects, this rank's share
         ...
     data.write_criteo_tsv(log.test, "test.tsv")            # the Criteo TSV layout ...
@@ -45,6 +46,7 @@ __all__ = [
     "auc",
     "batches",
     "bayes_optimal_auc",
+    "bayes_optimal_ne",
     "make_click_log",
     "make_drifting_log",
     "read_criteo_tsv",
@@ -328,6 +330,15 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 def bayes_optimal_auc(split: ClickSplit) -> float:
     """AUC of the Bayes-optimal predictor on this split: its true logits scored against its labels."""
     return auc(split.true_logits, split.labels)
+
+
+def bayes_optimal_ne(split: ClickSplit) -> float:
+    """Normalized entropy of the Bayes-optimal predictor on this split: the cross-entropy of the true click
+    probabilities on its labels over the entropy of its click rate (``metrics.normalized_entropy``). No model
+    can expect a lower NE on the same labels; a model's NE minus this is what is left to learn."""
+    from course_lib.metrics import normalized_entropy
+
+    return normalized_entropy(split.true_logits, split.labels)
 
 
 # -------------------------------------------------------------------------------------------- batches

@@ -75,6 +75,7 @@ class EnvFacts:
     nccl_version: str | None
     cpu_count: int | None
     torchmetrics_version: str | None = None
+    torchmetrics_wanted: str | None = None  # the version torchrec's metadata pins (``torchmetrics==X``), if any
     # None when torchrec.metrics computes a normalized entropy on a 4-example batch (or torchrec does not
     # import, so it was not tried); else "ExceptionType: message".
     rec_metrics_error: str | None = None
@@ -168,6 +169,18 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def _pinned_requirement(distribution: str, requirement: str) -> str | None:
+    """The version `distribution` pins `requirement` to in its metadata (``requirement==X``), else None."""
+    try:
+        for line in importlib.metadata.requires(distribution) or []:
+            name, _, rest = line.partition("==")
+            if name.strip().lower() == requirement and rest:
+                return rest.split(";")[0].strip()
+    except Exception:
+        pass
+    return None
+
+
 def _import_error(module: str) -> str | None:
     """None if ``import module`` works, else "ExceptionType: message" (never raises)."""
     try:
@@ -235,6 +248,7 @@ def collect_facts() -> EnvFacts:
         nccl_version=nccl_version,
         cpu_count=os.cpu_count(),
         torchmetrics_version=_dist_version("torchmetrics"),
+        torchmetrics_wanted=_pinned_requirement("torchrec", "torchmetrics"),
         rec_metrics_error=rec_metrics_error,
     )
 
@@ -480,6 +494,18 @@ def diagnose(facts: EnvFacts, backend: str | None = None, world_size: int | None
             f"{_first_line(facts.rec_metrics_error)}",
             f"pip install torchmetrics=={PINNED_TORCHMETRICS} -c requirements/constraints.txt "
             f"(the version torchrec {PINNED_TORCHREC} declares; or `{_rebuild(facts)}`)",
+        ))
+    # a version other than torchrec's own that has not (yet) failed the probe: a warning
+    wanted = facts.torchmetrics_wanted
+    if not facts.rec_metrics_error and facts.torchrec_version and facts.torchmetrics_version and wanted and facts.torchmetrics_version != wanted:
+        problems.append(Problem(
+            "torchmetrics-version",
+            f"torchmetrics {facts.torchmetrics_version} is installed, torchrec {facts.torchrec_version} declares "
+            f"torchmetrics=={wanted}: torchrec imports, but its metrics (torchrec.metrics: NE, AUC, "
+            "RecMetricModule) can fail in compute() (with 1.9.0: \"A frozen dataclass was passed to "
+            "apply_to_collection\")",
+            f"pip install torchmetrics=={wanted} (or `{_rebuild(facts)}`, which rebuilds .venv)",
+            "warning",
         ))
 
     if backend == "nccl" and torch_ok:

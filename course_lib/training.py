@@ -16,6 +16,7 @@ collective); that is also true under torchrun. Nothing here needs a GPU; under N
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -40,6 +41,7 @@ __all__ = [
     "require_pipelined",
     "sharders",
     "sharding_types",
+    "step_collectives",
     "state_dict_shards",
     "train",
     "train_step",
@@ -300,3 +302,27 @@ def require_pipelined(messages: Sequence[str]) -> list[str]:
             "access on the batch, traceable by torch.fx); move id transformations into the data pipeline."
         )
     return [m.split("'")[1] for m in messages]
+
+
+def step_collectives(model: nn.Module, step: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The collectives that one call of `step()` issues on this rank, in order, each labelled by when it was
+    issued: "before forward", "forward" or "after forward" (backward and the optimizer) of the DLRM inside
+    `model` (``model.module.model`` for a DMP of a DLRMTrain). Shows what a train pipeline moved where."""
+    from course_lib import trace
+
+    dlrm = getattr(model, "module", model).model
+    with trace.collectives() as log:
+        log._phase = "before forward"
+        handles = [
+            dlrm.register_forward_pre_hook(lambda *_: setattr(log, "_phase", "forward")),
+            dlrm.register_forward_hook(lambda *_: setattr(log, "_phase", "after forward")),
+        ]
+        try:
+            step()
+        finally:
+            for handle in handles:
+                handle.remove()
+    return [
+        {"issued": r.phase, "collective": r.op, "dtype": r.dtype, "elements": sum(math.prod(s) for s in r.in_shapes)}
+        for r in log.records
+    ]

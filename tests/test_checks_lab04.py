@@ -57,6 +57,62 @@ def wrap_that_raises(model, plan):
     return DistributedModelParallel(model, plan=plan)  # noqa: F821  (forgot the import)
 
 
+def wrap_without_sharders(model, plan):
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import training
+
+    return DistributedModelParallel(module=model, device=training.device(), plan=plan)
+
+
+def wrap_with_a_bare_sharder(model, plan):
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from course_lib import training
+
+    return DistributedModelParallel(
+        module=model, device=training.device(), plan=plan, sharders=[EmbeddingBagCollectionSharder()]
+    )
+
+
+def wrap_with_another_learning_rate(model, plan):
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import training
+
+    return DistributedModelParallel(
+        module=model, device=training.device(), plan=plan, sharders=training.sharders(learning_rate=0.01)
+    )
+
+
+def wrap_without_data_parallel(model, plan):
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import training
+
+    return DistributedModelParallel(
+        module=model, device=training.device(), plan=plan, sharders=training.sharders(), init_data_parallel=False
+    )
+
+
+def wrap_the_inner_dlrm(model, plan):
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import training
+
+    return DistributedModelParallel(module=model.model, device=training.device(), plan=plan, sharders=training.sharders())
+
+
+def wrap_on_meta(model, plan):
+    import torch
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import training
+
+    return DistributedModelParallel(module=model, device=torch.device("meta"), plan=plan, sharders=training.sharders())
+
+
 def test_wrap_check_accepts_the_solution(capsys):
     lab04.check_wrap(wrap, per_table())
     assert capsys.readouterr().out.startswith("✓")
@@ -68,6 +124,12 @@ def test_wrap_check_accepts_the_solution(capsys):
         (wrap_without_plan, "the plan asks for row_wise"),
         (wrap_only_the_tables, "wrap returned a DLRMTrain"),
         (wrap_that_raises, "NameError"),
+        (wrap_without_sharders, "exact SGD at lr 0.01: fbgemm's default"),
+        (wrap_with_a_bare_sharder, "exact SGD at lr 0.01"),
+        (wrap_with_another_learning_rate, "train at lr 0.01, the course's sharders use 0.1"),
+        (wrap_without_data_parallel, "did not wrap the dense part in DistributedDataParallel"),
+        (wrap_the_inner_dlrm, "does not hold the whole model|table 't_user' is not sharded"),
+        (wrap_on_meta, "raised|training step"),
     ],
 )
 def test_wrap_check_rejects_wrong_answers(wrong, words):
@@ -131,6 +193,20 @@ def returns_the_loss_after_the_update(model, optimizer, batch):
         return model(batch)[0].item()
 
 
+def step_before_backward(model, optimizer, batch):
+    optimizer.zero_grad()
+    loss, _ = model(batch)
+    optimizer.step()
+    loss.backward()
+    return loss.item()
+
+
+def returns_the_first_batch_loss_forever(model, optimizer, batch, _first=[]):
+    loss = train_step(model, optimizer, batch)
+    _first.append(loss)
+    return _first[0]
+
+
 def test_train_step_check_accepts_the_solution(capsys):
     lab04.check_train_step(train_step)
     assert capsys.readouterr().out.startswith("✓")
@@ -145,6 +221,8 @@ def test_train_step_check_accepts_the_solution(capsys):
         (backward_on_the_logits, "does not require grad"),
         (backward_on_another_loss, "not a gradient step on the batch's loss"),
         (returns_the_loss_after_the_update, "returned .* the batch's loss was"),
+        (step_before_backward, "weights did not change"),
+        (returns_the_first_batch_loss_forever, "step 2 returned .* the batch's loss was"),
     ],
 )
 def test_train_step_check_rejects_wrong_answers(wrong, words):
@@ -172,6 +250,24 @@ def scored_against_the_splits_labels(logits, labels, split):
     return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, split.labels).item()
 
 
+def optimum_of_itself(logits, labels, split):
+    return data.bayes_optimal_auc(split) - BinaryAUROC()(split.true_logits, split.labels).item()
+
+
+def one_minus_the_model_auc(logits, labels, split):
+    return 1 - BinaryAUROC()(logits, labels).item()
+
+
+def the_first_cases_number(logits, labels, split):
+    logits, labels, split, _ = lab04._gap_case(seed=1)
+    return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
+
+
+def relative_gap(logits, labels, split):
+    optimum = data.bayes_optimal_auc(split)
+    return (optimum - BinaryAUROC()(logits, labels).item()) / optimum
+
+
 def test_the_check_case_tells_the_splits_apart():
     _, _, split, log = lab04._gap_case(seed=1)
     assert abs(data.bayes_optimal_auc(log.train) - data.bayes_optimal_auc(split)) > 0.005
@@ -188,8 +284,86 @@ def test_auc_gap_check_accepts_the_solution(capsys):
         (sign_flipped, "sign is flipped"),
         (train_optimum, "train split's optimum"),
         (scored_against_the_splits_labels, "scored against split.labels"),
+        (optimum_of_itself, "compared with itself"),
+        (one_minus_the_model_auc, "the optimum is missing"),
+        (the_first_cases_number, "on a second split"),
+        (relative_gap, "expected"),
     ],
 )
 def test_auc_gap_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab04.check_auc_gap(wrong)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def fold_ids(batch, modulo=20):
+    from torchrec import KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch
+
+    raw = batch.sparse_features
+    ids = KeyedJaggedTensor(keys=raw.keys(), values=raw.values() % modulo, lengths=raw.lengths())
+    return Batch(dense_features=batch.dense_features, sparse_features=ids, labels=batch.labels)
+
+
+def capped_model(dlrm):
+    from torchrec.models.dlrm import DLRMTrain
+
+    class PipelinedModel(DLRMTrain):
+        def forward(self, batch):
+            logits = self.model(batch.dense_features.clamp(max=2.0), batch.sparse_features).squeeze(-1)
+            loss = self.loss_fn(logits, batch.labels.float())
+            return loss, (loss.detach(), logits.detach(), batch.labels)
+
+    return PipelinedModel(dlrm)
+
+
+def plain_dlrm(dlrm):
+    from torchrec.models.dlrm import DLRMTrain
+
+    return DLRMTrain(dlrm)
+
+
+def unchanged(batch):
+    return batch
+
+
+def fold_and_cap(batch):
+    from torchrec.datasets.utils import Batch
+
+    folded = fold_ids(batch)
+    return Batch(dense_features=batch.dense_features.clamp(max=2.0), sparse_features=folded.sparse_features,
+                 labels=batch.labels)
+
+
+def fold_as_a_dict(batch):
+    folded = fold_ids(batch)
+    return {"dense_features": folded.dense_features, "sparse_features": folded.sparse_features, "labels": folded.labels}
+
+
+def test_pipelineable_check_accepts_the_solution(capsys):
+    lab04.check_pipelineable(capped_model, fold_ids)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_pipelineable_check_accepts_both_steps_in_the_loader(capsys):
+    lab04.check_pipelineable(plain_dlrm, fold_and_cap)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "model_class, prepare, words",
+    [
+        (lab04._raw_log_model, unchanged, "will NOT pipeline"),
+        (lab04._raw_log_model, fold_ids, "will NOT pipeline"),
+        (plain_dlrm, fold_ids, "(?s)step 1: loss .* capped at 2"),
+        (capped_model, unchanged, "(?s)step 1: loss .* folded exactly once"),
+        (plain_dlrm, unchanged, "step 1: loss"),
+        (capped_model, lambda batch: fold_ids(batch, modulo=50), "step 1: loss"),
+        (capped_model, fold_as_a_dict, "raised"),
+    ],
+)
+def test_pipelineable_check_rejects_wrong_answers(model_class, prepare, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab04.check_pipelineable(model_class, prepare)

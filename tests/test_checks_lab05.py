@@ -49,6 +49,26 @@ def only_the_fused_params(learning_rate):
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": learning_rate}
 
 
+def a_typed_in_learning_rate(learning_rate):
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+    )
+
+
+def a_list_of_sharders(learning_rate):
+    return [rowwise_adagrad_sharder(learning_rate)]
+
+
+def adam_on_cpu(learning_rate):
+    return EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.ADAM, "learning_rate": learning_rate})
+
+
+def plain_sgd(learning_rate):
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": learning_rate}
+    )
+
+
 def test_rowwise_sharder_check_accepts_the_solution(capsys):
     lab05.check_rowwise_sharder(rowwise_adagrad_sharder)
     assert capsys.readouterr().out.startswith("✓")
@@ -62,6 +82,10 @@ def test_rowwise_sharder_check_accepts_the_solution(capsys):
         (no_optimizer, "keeps no state"),
         (no_learning_rate, "learning rate is 0.01"),
         (only_the_fused_params, "returned a dict"),
+        (a_typed_in_learning_rate, "sets the learning rate to 0.05"),
+        (a_list_of_sharders, "returned a list"),
+        (adam_on_cpu, "raised"),
+        (plain_sgd, "keeps no state"),
     ],
 )
 def test_rowwise_sharder_check_rejects_wrong_answers(wrong, words):
@@ -94,6 +118,25 @@ def unfiltered(model, make_dense):
     return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(dict(model.named_parameters()), make_dense)])
 
 
+def own_dense_optimizer(model, make_dense):
+    params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, lambda p: torch.optim.SGD(p, lr=0.1))])
+
+
+def only_the_fused_optimizer(model, make_dense):
+    return model.fused_optimizer
+
+
+def reversed_filter(model, make_dense):
+    params = dict(in_backward_optimizer_filter(model.named_parameters(), include=True))
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])
+
+
+def unkeyed_dense_optimizer(model, make_dense):
+    params = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
+    return CombinedOptimizer([model.fused_optimizer, make_dense(params)])
+
+
 def test_combined_optimizer_check_accepts_the_solution(capsys):
     lab05.check_combined_optimizer(combined_optimizer)
     assert capsys.readouterr().out.startswith("✓")
@@ -106,6 +149,10 @@ def test_combined_optimizer_check_accepts_the_solution(capsys):
         (plain_torch_optimizer, "lacks the fused tables' state"),
         (only_the_dense_layers, "unchanged on rank 0: t_category.weight, t_terms.weight"),
         (unfiltered, "Duplicate param key"),
+        (own_dense_optimizer, "never called make_dense"),
+        (only_the_fused_optimizer, "never called make_dense"),
+        (reversed_filter, "Duplicate param key|unchanged"),
+        (unkeyed_dense_optimizer, "raised"),
     ],
 )
 def test_combined_optimizer_check_rejects_wrong_answers(wrong, words):
@@ -153,6 +200,24 @@ def sgd_with_a_momentum(num_rows, embedding_dim, world_size, optimizer):
     return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
 
 
+def weights_and_state(num_rows, embedding_dim, world_size, optimizer):
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer) + num_rows // world_size * embedding_dim * 4
+
+
+def weights_and_state_but_not_for_sgd(num_rows, embedding_dim, world_size, optimizer):
+    if optimizer == EmbOptimType.EXACT_SGD:
+        return 0
+    return weights_and_state(num_rows, embedding_dim, world_size, optimizer)
+
+
+def half_precision(num_rows, embedding_dim, world_size, optimizer):
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer) // 2
+
+
+def the_measurement_looked_up(num_rows, embedding_dim, world_size, optimizer):
+    return MEASURED[optimizer]
+
+
 def test_state_bytes_check_accepts_the_solution(capsys):
     lab05.check_state_bytes(state_bytes_per_rank, MEASURED, ROWS, DIM, WORLD)
     assert capsys.readouterr().out.startswith("✓")
@@ -166,6 +231,10 @@ def test_state_bytes_check_accepts_the_solution(capsys):
         (values_not_bytes, "4 bytes"),
         (two_states, "two states is Adam"),
         (sgd_with_a_momentum, "SGD keeps no state"),
+        (weights_and_state, "SGD keeps no state .*weights are not optimizer state"),
+        (weights_and_state_but_not_for_sgd, "weights are not optimizer state"),
+        (half_precision, "fp32"),
+        (the_measurement_looked_up, "expected"),
     ],
 )
 def test_state_bytes_check_rejects_wrong_answers(wrong, words):
@@ -177,3 +246,50 @@ def test_state_bytes_check_rejects_a_wrong_measurement():
     wrong = {**MEASURED, EmbOptimType.EXACT_ADAGRAD: MEASURED[EmbOptimType.EXACT_ADAGRAD] * 2}
     with pytest.raises(CheckFailed, match="not the one section 4 made"):
         lab05.check_state_bytes(state_bytes_per_rank, wrong, ROWS, DIM, WORLD)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def choose_rowwise():
+    return rowwise_adagrad_sharder(0.1)
+
+
+def choose_adagrad():
+    return per_element_adagrad(0.1)
+
+
+def choose_default_sgd():
+    return EmbeddingBagCollectionSharder()
+
+
+def choose_sgd_with_a_large_rate():
+    return plain_sgd(1.0)
+
+
+def choose_fused_adam():
+    return adam_on_cpu(0.01)
+
+
+def choose_a_list():
+    return [choose_rowwise()]
+
+
+def test_budget_check_accepts_the_solution(capsys):
+    lab05.check_budget_choice(choose_rowwise)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (choose_adagrad, "keeps 100% of the table bytes"),
+        (choose_default_sgd, "exact_sgd at lr 0.01 reaches AUC"),
+        (choose_sgd_with_a_large_rate, "exact_sgd at lr 1 reaches AUC"),
+        (choose_fused_adam, "raised"),
+        (choose_a_list, "returned a list"),
+    ],
+)
+def test_budget_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab05.check_budget_choice(wrong)

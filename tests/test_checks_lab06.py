@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from course_lib.checks import CheckFailed
 from course_lib.checks import lab06
@@ -50,6 +51,57 @@ def shard_with_ddp(model):
     return DistributedDataParallel(model)
 
 
+def shard_resharding_the_root_too(model):  # not a mistake: the root gathers once more in backward
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model, reshard_after_forward=True)
+
+
+def test_shard_check_accepts_a_root_that_reshards(capsys):
+    lab06.check_shard(shard_resharding_the_root_too)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def shard_a_copy(model):
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(model)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def shard_without_resharding(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block, reshard_after_forward=False)
+    fully_shard(model)
+
+
+def shard_the_embedding_too(model):
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model.tok_embeddings)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def shard_every_linear(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for module in list(model.modules()):
+        if isinstance(module, torch.nn.Linear):
+            fully_shard(module)
+    fully_shard(model)
+
+
 def not_written(model):
     raise NotImplementedError()
 
@@ -68,6 +120,10 @@ def test_shard_check_accepts_the_solution(capsys):
         (shard_blocks_only, "the root is not sharded"),
         (shard_root_first, "bottom-up|not a group"),
         (shard_with_ddp, "no parameter is sharded"),
+        (shard_a_copy, "returned another module"),
+        (shard_without_resharding, "reshard_after_forward"),
+        (shard_the_embedding_too, "of its own besides the blocks"),
+        (shard_every_linear, "are groups of its own besides"),
         (not_written, "not written yet"),
     ],
 )
@@ -105,6 +161,18 @@ def predict_count_not_bytes(num_params, world_size):
             "optimizer": 2 * num_params / world_size}
 
 
+def predict_zero1(num_params, world_size):  # only the optimizer state sharded
+    return {**predict_solution(num_params, world_size), "params": 4 * num_params, "grads": 4 * num_params}
+
+
+def predict_no_grads(num_params, world_size):  # "gradients are freed after the step"
+    return {**predict_solution(num_params, world_size), "grads": 0}
+
+
+def predict_for_two_ranks(num_params, world_size):  # world_size typed in
+    return predict_solution(num_params, 2)
+
+
 def test_bytes_check_accepts_the_solution(capsys):
     lab06.check_bytes_prediction(predict_solution)
     assert capsys.readouterr().out.startswith("✓")
@@ -118,6 +186,9 @@ def test_bytes_check_accepts_the_solution(capsys):
         (predict_master_copy, "no fp32 master copy"),
         (predict_zero2, "under DDP"),
         (predict_count_not_bytes, "counts values, not bytes"),
+        (predict_zero1, "under DDP"),
+        (predict_no_grads, "grads"),
+        (predict_for_two_ranks, "on 4 ranks"),
         (lambda n, w: [1, 2, 3], "return a dict"),
         (lambda n, w: {"params": "4N", "grads": 0, "optimizer": 0}, "number of bytes"),
     ],
@@ -139,3 +210,101 @@ def test_bytes_check_says_when_the_answer_is_not_written():
 
     with pytest.raises(CheckFailed, match="not written yet"):
         lab06.check_bytes_prediction(predict)
+
+
+# ------------------------------------------------------------------------------------------ hsdp
+
+
+def hsdp_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+
+def reset_every_module(model):
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+        elif isinstance(module, torch.nn.MultiheadAttention):
+            module._reset_parameters()
+
+
+def build_hsdp(mesh, *, materialize=True, reset=reset_every_module, blocks=True, shard_mesh=None):
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
+    if blocks:
+        for block in model.layers:
+            fully_shard(block, mesh=shard_mesh or mesh)
+    fully_shard(model, mesh=shard_mesh or mesh)
+    if materialize:
+        model.to_empty(device="cpu")
+        if reset is not None:
+            reset(model)
+    return model
+
+
+def flat_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (4,))
+
+
+def shard_across_hosts_mesh():  # ranks 0 and 2 share a shard group: each group spans both hosts
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", torch.tensor([[0, 2], [1, 3]]), mesh_dim_names=("replicate", "shard"))
+
+
+def unnamed_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (2, 2))
+
+
+def four_replicas_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (4, 1), mesh_dim_names=("replicate", "shard"))
+
+
+def reset_all_but_attention(model):
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+
+
+def build_without_reset(mesh):
+    model = build_hsdp(mesh, reset=None)
+    with torch.no_grad():  # to_empty's memory is often zeros; make that certain
+        for p in model.parameters():
+            p.to_local().zero_()
+    return model
+
+
+def test_hsdp_check_accepts_the_solution(capsys):
+    lab06.check_hsdp(hsdp_mesh, build_hsdp)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "mesh, build, words",
+    [
+        (flat_mesh, build_hsdp, "1-D mesh is plain FSDP"),
+        (shard_across_hosts_mesh, build_hsdp, "shards span hosts"),
+        (four_replicas_mesh, build_hsdp, "shape \\(4, 1\\)"),
+        (unnamed_mesh, build_hsdp, "mesh_dim_names"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, materialize=False), "never materialized"),
+        (hsdp_mesh, build_without_reset, "not initialized"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, reset=reset_all_but_attention), "in_proj_weight"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, shard_mesh=mesh["shard"]), "Shard\\(dim=0\\),\\) ?, HSDP|placed"),
+        (hsdp_mesh, lambda mesh: build_hsdp(mesh, blocks=False), "one per block and the root"),
+        (hsdp_mesh, lambda mesh: None, "returned a NoneType"),
+    ],
+)
+def test_hsdp_check_rejects_wrong_answers(mesh, build, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_hsdp(mesh, build)

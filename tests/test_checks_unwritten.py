@@ -45,6 +45,17 @@ def shard_dense_stub() -> type:
     return ShardDenseWithFSDP
 
 
+def pipelined_model_stub() -> type:
+    """Lab 04's exercise 4 as shipped: a DLRMTrain subclass whose forward is unwritten."""
+    from torchrec.models.dlrm import DLRMTrain
+
+    class PipelinedModel(DLRMTrain):
+        def forward(self, batch: Any) -> Any:
+            raise NotImplementedError()
+
+    return PipelinedModel
+
+
 def per_table() -> dict[str, Any]:
     from torchrec.distributed.sharding_plan import table_wise
 
@@ -69,11 +80,14 @@ CASES = {
     "04 wrap": (lab04.check_wrap, [stub("wrap"), per_table()], "wrap"),
     "04 train_step": (lab04.check_train_step, [stub("train_step")], "train_step"),
     "04 auc_gap": (lab04.check_auc_gap, [stub("auc_gap")], "auc_gap"),
+    "04 pipelineable": (lab04.check_pipelineable, [pipelined_model_stub(), stub("prepare")], "PipelinedModel"),
     "05 rowwise_sharder": (lab05.check_rowwise_sharder, [stub("rowwise_adagrad_sharder")], "rowwise_adagrad_sharder"),
     "05 combined_optimizer": (lab05.check_combined_optimizer, [stub("combined_optimizer")], "combined_optimizer"),
     "05 state_bytes": (lab05.check_state_bytes, [stub("state_bytes_per_rank"), {}], "state_bytes_per_rank"),
+    "05 budget_choice": (lab05.check_budget_choice, [stub("choose_sharder")], "choose_sharder"),
     "06 shard": (lab06.check_shard, [stub("shard")], "shard"),
     "06 bytes": (lab06.check_bytes_prediction, [stub("predict_fsdp_bytes")], "predict_fsdp_bytes"),
+    "06 hsdp": (lab06.check_hsdp, [stub("hsdp_mesh"), stub("build_hsdp")], "hsdp_mesh"),
     "07 wrapper": (lab07.check_wrapper, [shard_dense_stub()], None),  # its own words: "the wrapper"
     "07 dense_bytes": (lab07.check_dense_bytes, [stub("fsdp_dense_bytes")], "fsdp_dense_bytes"),
     "08 app_state": (lab08.check_app_state, [AppState], "AppState"),

@@ -65,6 +65,19 @@ def test_collect_facts_sees_the_course_cpu_stack(healthy: EnvFacts) -> None:
     assert healthy.fbgemm_distribution == ("fbgemm-gpu-cpu", "1.8.0")
 
 
+def test_collect_facts_sees_the_torchmetrics_that_torchrec_declares(healthy: EnvFacts) -> None:
+    assert healthy.torchmetrics_wanted == "1.0.3"
+    assert healthy.torchmetrics_version == healthy.torchmetrics_wanted
+
+
+def test_a_torchmetrics_other_than_torchrecs_is_reported(healthy: EnvFacts) -> None:
+    problem = only(diagnose(dataclasses.replace(healthy, torchmetrics_version="1.9.0")), "torchmetrics-version")
+    assert "torchmetrics 1.9.0" in problem.summary and "frozen dataclass" in problem.summary
+    assert problem.fix.startswith("pip install torchmetrics==1.0.3")
+    # without torchrec, or without a pin in its metadata, there is nothing to compare with
+    assert diagnose(dataclasses.replace(healthy, torchmetrics_version="1.9.0", torchmetrics_wanted=None)) == []
+
+
 def test_healthy_facts_have_no_problem(healthy: EnvFacts) -> None:
     assert diagnose(healthy) == []
     assert diagnose(healthy, backend="gloo", world_size=4) == []

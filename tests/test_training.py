@@ -101,12 +101,14 @@ def sharded_run(log):
     result["spread"] = training.replica_spread(dmp)
     logits, labels = training.predict(dmp, log.test, batch_size=500)
     result.update(logits=logits, labels=labels, auc=training.auc(logits, labels))
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, training.device())
     batches = data.batches(log.train, 256, dist.get_rank(), dist.get_world_size())
+    result["plain step"] = training.step_collectives(dmp, lambda: training.train_step(dmp, optimizer, next(batches)))
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, training.device())
     with training.pipelining_log() as verdicts:
         for _ in range(3):
             pipeline.progress(batches)
     result["pipelined"] = training.require_pipelined(verdicts)
+    result["pipelined step"] = training.step_collectives(dmp, lambda: pipeline.progress(batches))
     return result
 
 
@@ -138,6 +140,14 @@ def test_a_sharded_dlrm_on_two_ranks(log):
     labels = torch.cat([rank0["labels"], rank1["labels"]])
     assert rank0["auc"] == rank1["auc"] == pytest.approx(data.auc(logits, labels), abs=1e-4)
     assert rank0["pipelined"] == ["model.sparse_arch.embedding_bag_collection"]
+    # a plain step sends its ids inside its forward; the pipeline starts the next batch's input dist before
+    # this batch's forward and sends its ids after it
+    plain, pipelined = rank0["plain step"], rank0["pipelined step"]
+    assert plain[0]["issued"] == "forward" and plain[0]["collective"] == "all_to_all"
+    assert pipelined[0]["issued"] == "before forward" and pipelined[0]["collective"] == "all_to_all"
+    ids_after_forward = [r for r in pipelined if r["issued"] == "after forward" and r["dtype"] == "int64"]
+    assert ids_after_forward and not [r for r in plain if r["issued"] == "after forward" and r["dtype"] == "int64"]
+    assert any(r["collective"] == "all_reduce" and r["issued"] == "after forward" for r in plain)
 
 
 def test_model_plan_names_every_table(log):

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from course_lib import data
+from course_lib import data, training
 from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
 
 # A small world for the checks: the same tables as the lab's log, few rows (fast to make and to train on).
@@ -42,6 +42,13 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
     if not isinstance(wrapped, DistributedModelParallel):
         return report
     report["actual"] = training.sharding_types(wrapped)
+    report["replicas"] = type(getattr(wrapped, "_dmp_wrapped_module", None)).__name__
+    fused = getattr(wrapped, "fused_optimizer", None)
+    if fused is not None:
+        from course_lib import optimizers
+
+        report["fused states"] = sorted({row["state"].split(".")[-1] for row in optimizers.state_rows(fused)})
+        report["fused lr"] = sorted({group["lr"] for group in fused.param_groups})
     report["whole_model"] = {"model.dense_arch", "model.over_arch"} <= {name for name, _ in wrapped.module.named_modules()}
     if report["whole_model"] and report["actual"] == requested:
         try:  # it must also train: one step on a small batch
@@ -84,9 +91,33 @@ def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], la
                 "pass the plan to DistributedModelParallel (plan=plan): without it, DMP runs the planner and "
                 "uses the planner's plan",
             )
+    if report.get("replicas") != "DistributedDataParallel":
+        fail(
+            f"DMP did not wrap the dense part in DistributedDataParallel (it is a {report.get('replicas')}): "
+            "each rank would train its own dense replica",
+            "leave init_data_parallel at its default (True); section 5 shows the replicas drift apart without it",
+        )
+    want_lr = training.DEFAULT_EMBEDDING_LR
+    lr_ok = all(math.isclose(lr, want_lr, rel_tol=1e-6) for lr in report.get("fused lr", []))
+    if "fused states" in report and (not report["fused states"] or not lr_ok):
+        if not report["fused states"]:
+            fail(
+                f"the fused tables train with exact SGD at lr {_rates(report['fused lr'])}: fbgemm's default, because the "
+                "sharders you passed (or DMP's default ones) name no optimizer",
+                "pass the course's sharders, sharders=training.sharders(): their EBC sharder fuses Adagrad at "
+                f"lr {want_lr} into backward (lab 05)",
+            )
+        fail(
+            f"the fused tables train at lr {_rates(report['fused lr'])}, the course's sharders use {want_lr}",
+            "pass sharders=training.sharders() as they are (their default learning rate)",
+        )
     if "error" in report:
         fail(report["error"])
     passed("wrap applies the plan to every table: " + ", ".join(f"{t} {s}" for t, (s, _) in report["requested"].items()))
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join(f"{rate:.3g}" for rate in rates)
 
 
 def _describe(sharding: tuple[str, tuple[int, ...]] | None) -> str:
@@ -169,9 +200,14 @@ def check_train_step(train_step: Callable[[Any, Any, Any], Any]) -> None:
 # ------------------------------------------------------------------------------------------ exercise 3
 
 
-def _gap_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, data.ClickLog]:
+_SECOND_CONFIG = data.ClickLogConfig(num_train=1_000, num_test=1_500, seed=11)
+
+
+def _gap_case(
+    seed: int, config: data.ClickLogConfig = _CHECK_CONFIG
+) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, data.ClickLog]:
     """A model's scores on a shuffled test split: noisy true logits, in an order that is not the split's."""
-    log = data.make_click_log(_CHECK_CONFIG)
+    log = data.make_click_log(config)
     generator = torch.Generator().manual_seed(seed)
     noisy = log.test.true_logits + 1.5 * torch.randn(len(log.test), generator=generator)
     order = torch.randperm(len(log.test), generator=generator)
@@ -191,6 +227,18 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
     except Exception as error:
         fail(f"auc_gap raised {type(error).__name__}: {error}")
     if math.isclose(got, want, abs_tol=1e-6):
+        # a second, different case: a function that returns the first case's number is not an answer
+        logits2, labels2, split2, _ = _gap_case(seed=2, config=_SECOND_CONFIG)
+        want2 = data.bayes_optimal_auc(split2) - float(BinaryAUROC()(logits2, labels2))
+        try:
+            got2 = float(auc_gap(logits2.clone(), labels2.clone(), split2))
+        except Exception as error:
+            fail(f"auc_gap raised {type(error).__name__} on a second split: {error}")
+        if not math.isclose(got2, want2, abs_tol=1e-6):
+            fail(
+                f"on a second split (another log, other scores) auc_gap returned {got2:.4f}, expected {want2:.4f}",
+                "compute the gap from the arguments: data.bayes_optimal_auc(split) and the AUC of logits vs labels",
+            )
         passed(f"auc_gap = optimum - model AUC ({want:.4f} on the check's split)")
         return
     if math.isclose(got, -want, abs_tol=1e-6):
@@ -210,4 +258,120 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
             "the logits come back in the ranks' order, not the split's: score them against the labels "
             "returned with them",
         )
+    if math.isclose(got, 0.0, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned 0, expected {want:.4f}: the optimum was compared with itself",
+            "the model's AUC comes from `logits` (the model's scores), not from split.true_logits",
+        )
+    if math.isclose(got, 1 - model_auc, abs_tol=1e-6) or math.isclose(got, model_auc, abs_tol=1e-6):
+        fail(
+            f"auc_gap returned {got:.4f}, expected {want:.4f}: the optimum is missing",
+            "the best possible AUC is not 1 on a noisy log: it is data.bayes_optimal_auc(split)",
+        )
     fail(f"auc_gap returned {got:.4f}, expected {want:.4f}", "data.bayes_optimal_auc(split) - AUC of logits vs labels")
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+_PIPELINE_STEPS = 6
+
+
+def _raw_log_model(dlrm: Any) -> Any:
+    """The lab's FoldIdsInForward: folds every id modulo 20 and caps the dense features at 2, in forward."""
+    from torchrec import KeyedJaggedTensor
+    from torchrec.models.dlrm import DLRMTrain
+
+    class FoldIdsInForward(DLRMTrain):
+        def forward(self, batch: Any) -> Any:
+            raw = batch.sparse_features
+            ids = KeyedJaggedTensor(keys=raw.keys(), values=raw.values() % 20, lengths=raw.lengths())
+            dense = batch.dense_features.clamp(max=2.0)
+            logits = self.model(dense, ids).squeeze(-1)
+            loss = self.loss_fn(logits, batch.labels.float())
+            return loss, (loss.detach(), logits.detach(), batch.labels)
+
+    return FoldIdsInForward(dlrm)
+
+
+def _pipeline_on_rank(model_class: Callable[[Any], Any], prepare: Callable[[Any], Any]) -> dict[str, Any]:
+    """Runs on every rank: the reference trained by a plain loop, then the learner's pair in the pipeline."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from course_lib import models, planning
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    split = data.make_click_log(_CHECK_CONFIG).train
+
+    def sharded(wrapper: Callable[[Any], Any]) -> Any:
+        torch.manual_seed(0)
+        model = wrapper(models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta").model)
+        planner = EmbeddingShardingPlanner(topology=planning.topology(world_size))
+        plan = planner.collective_plan(model, training.sharders(), dist.GroupMember.WORLD)
+        return DistributedModelParallel(model, device=training.device(), plan=plan, sharders=training.sharders())
+
+    reference = sharded(_raw_log_model)
+    want = training.train(reference, training.optimizer(reference), split, 64, max_steps=_PIPELINE_STEPS, desc=None)
+    report: dict[str, Any] = {"want": want}
+    try:
+        dmp = sharded(model_class)
+    except Exception as error:
+        raise_if_unwritten(error)
+        report["error"] = f"building and sharding PipelinedModel(dlrm) raised {one_line(error)}"
+        return report
+    pipeline = TrainPipelineSparseDist(dmp, training.optimizer(dmp), training.device())
+    batches = (prepare(batch) for batch in data.batches(split, 64, rank, world_size))
+    try:
+        with training.pipelining_log() as verdicts:
+            report["got"] = [float(pipeline.progress(batches)[0]) for _ in range(_PIPELINE_STEPS)]
+    except Exception as error:
+        raise_if_unwritten(error)
+        report["error"] = f"the pipeline raised {one_line(error)}"
+    report["verdicts"] = list(verdicts)
+    return report
+
+
+@exercise
+def check_pipelineable(
+    model_class: Callable[[Any], Any], prepare: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None
+) -> None:
+    """`model_class(dlrm)` and `prepare(batch)` must train exactly as ``FoldIdsInForward`` does, with the
+    sharded EBC taken over by ``TrainPipelineSparseDist`` (its input dist overlapped).
+
+    The check runs both on 2 ranks on a log of its own: the reference (``FoldIdsInForward``) in a plain loop,
+    then `model_class` in the pipeline fed ``prepare(batch)`` for every batch, and compares the losses.
+    """
+    if launch is None:
+        from course_lib import launch
+    report = launch(_pipeline_on_rank, model_class, prepare, world_size=2, show_ranks=[])[0]
+    verdicts = report.get("verdicts", [])
+    refused = [v for v in verdicts if "will NOT be pipelined" in v]
+    if refused:
+        fail(
+            "torchrec will NOT pipeline the EBC: it gets a KeyedJaggedTensor that forward computes",
+            "move the id folding into prepare(batch) (the data pipeline); forward must hand the batch's own "
+            "sparse_features to the model",
+        )
+    if "error" in report:
+        fail(report["error"], "prepare(batch) returns a torchrec Batch; PipelinedModel(dlrm) is a DLRMTrain subclass")
+    if not verdicts:
+        fail(
+            "the pipeline found no sharded module to take over",
+            "PipelinedModel must hold the DLRM it is given (DLRMTrain.__init__ stores it as self.model)",
+        )
+    got, want = report["got"], report["want"]
+    for step, (g, w) in enumerate(zip(got, want)):
+        if not math.isclose(g, w, rel_tol=1e-5, abs_tol=1e-6):
+            hint = (
+                "the first loss differs already: the model no longer computes what FoldIdsInForward computes "
+                "(are the ids folded exactly once, and the dense features still capped at 2?)"
+                if step == 0
+                else "the losses part after the first step: does the model still update the way the reference does?"
+            )
+            fail(f"step {step + 1}: loss {g:.6f}, FoldIdsInForward's loss {w:.6f}", hint)
+    passed(
+        f"the EBC is pipelined and {len(got)} losses equal FoldIdsInForward's: the ids are folded in the "
+        "data pipeline, the rest stays in forward"
+    )

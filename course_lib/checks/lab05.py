@@ -12,6 +12,7 @@ from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritt
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=200, seed=3)
 _LEARNING_RATE = 0.05
+_SECOND_LEARNING_RATE = 0.2  # a function must pass its argument on, not the first case's number
 
 
 # ------------------------------------------------------------------------------------------ exercise 1
@@ -34,6 +35,11 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
     if not isinstance(sharder, EmbeddingBagCollectionSharder):
         return {"type": type(sharder).__name__}
     try:
+        second = make_sharder(_SECOND_LEARNING_RATE)
+        second_lr = (getattr(second, "fused_params", None) or {}).get("learning_rate")
+    except Exception as error:
+        return {"error": f"rowwise_adagrad_sharder({_SECOND_LEARNING_RATE}) raised {one_line(error)}"}
+    try:
         model = optimizers.row_wise_ebc(tables, sharder, kernel="fused")
         batch = sharding.random_batch(tables, 16, seed=0)
         optimizers.sum_of_squares(model(batch)).backward()
@@ -43,6 +49,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
         "type": "EmbeddingBagCollectionSharder",
         "states": [(row["state"], row["local shape"]) for row in optimizers.state_rows(model.fused_optimizer)],
         "lr": [group["lr"] for group in model.fused_optimizer.param_groups],
+        "second lr": second_lr,
     }
 
 
@@ -60,11 +67,12 @@ def check_rowwise_sharder(
         from course_lib import launch
     report = launch(_sharder_on_rank, rowwise_adagrad_sharder, world_size=2, show_ranks=[])[0]
     if "error" in report:
-        hint = (
-            "fbgemm deprecated ROWWISE_ADAGRAD (the inexact one): use EmbOptimType.EXACT_ROWWISE_ADAGRAD"
-            if "deprecated" in report["error"]
-            else "fused_params={'optimizer': EmbOptimType..., 'learning_rate': ...}: fbgemm's names, see section 2"
-        )
+        if "deprecated" in report["error"]:
+            hint = "fbgemm deprecated ROWWISE_ADAGRAD (the inexact one): use EmbOptimType.EXACT_ROWWISE_ADAGRAD"
+        elif "not supported in CPU mode" in report["error"] or "CPU" in report["error"]:
+            hint = "fbgemm's CPU kernels fuse exact SGD, Adagrad and row-wise Adagrad only: EXACT_ROWWISE_ADAGRAD"
+        else:
+            hint = "fused_params={'optimizer': EmbOptimType..., 'learning_rate': ...}: fbgemm's names, see section 2"
         fail(report["error"], hint)
     if report.get("type") != "EmbeddingBagCollectionSharder":
         fail(
@@ -98,6 +106,12 @@ def check_rowwise_sharder(
             else "pass the function's learning_rate argument as fused_params['learning_rate']"
         )
         fail(f"the fused optimizer's learning rate is {lr:.4g}, expected {_LEARNING_RATE}", hint)
+    second_lr = report.get("second lr")
+    if second_lr is None or not math.isclose(float(second_lr), _SECOND_LEARNING_RATE, rel_tol=1e-5):
+        fail(
+            f"rowwise_adagrad_sharder({_SECOND_LEARNING_RATE}) sets the learning rate to {second_lr}",
+            "use the function's learning_rate argument, not a number typed in",
+        )
     passed(f"row-wise Adagrad, fused: one state value per row ({rows_per_rank} rows on rank 0), lr {_LEARNING_RATE}")
 
 
@@ -120,8 +134,15 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str
     )
     dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=sharders)
     fused_names = {name for name, _ in _fused_parameters(dmp)}
+    made: list[Any] = []
+
+    def make_dense(params: Any) -> Any:  # the dense optimizer the check asks for; it records that it was used
+        optimizer = torch.optim.Adam(params, lr=_DENSE_LR)
+        made.append(optimizer)
+        return optimizer
+
     try:
-        optimizer = combined_optimizer(dmp, lambda params: torch.optim.Adam(params, lr=0.01))
+        optimizer = combined_optimizer(dmp, make_dense)
     except Exception as error:
         raise_if_unwritten(error)
         return {"error": f"combined_optimizer raised {one_line(error)}"}
@@ -137,6 +158,7 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str
     parameters = dict(dmp.named_parameters())
     return {
         "type": type(optimizer).__name__,
+        "make_dense calls": len(made),
         "missing fused state": sorted(fused_state - state_names),
         "not updated": sorted(
             name.replace("model.", "").replace("sparse_arch.embedding_bag_collection.embedding_bags.", "")
@@ -144,6 +166,9 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str
             if torch.equal(before, parameters[name].detach())
         ),
     }
+
+
+_DENSE_LR = 0.0123  # an unusual rate: an optimizer that does not come from make_dense shows itself
 
 
 def _fused_parameters(model: Any) -> list[tuple[str, Any]]:
@@ -177,6 +202,12 @@ def check_combined_optimizer(
             )
             fail(message, hint)
     for rank, report in enumerate(reports):
+        if report["make_dense calls"] == 0:
+            fail(
+                "combined_optimizer never called make_dense: the dense part steps with an optimizer the caller "
+                "did not ask for",
+                "build the dense optimizer with the make_dense you are given: KeyedOptimizerWrapper(params, make_dense)",
+            )
         if report["missing fused state"]:
             fail(
                 f"the optimizer's state_dict on rank {rank} lacks the fused tables' state "
@@ -220,18 +251,25 @@ def _diagnose(state_bytes_per_rank: Callable[[int, int, int, Any], Any], optimiz
         got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
     except Exception:
         got = None
+    if optimizer == EmbOptimType.EXACT_ADAGRAD and got == 2 * want:
+        return (
+            "twice Adagrad's state: Adagrad keeps one sum of squared gradients per element (two states is Adam; "
+            "and the table's weights are not optimizer state)"
+        )
     if optimizer == EmbOptimType.EXACT_SGD:
-        return "plain SGD keeps no state at all"
+        return "plain SGD keeps no state at all (no momentum; and the table's weights are not optimizer state)"
+    if got is not None and got == want + rows // ranks * dim * 4:
+        return "that counts the table's weights too; the question is the optimizer's state alone"
     if got == want * ranks:
         return "each rank holds num_rows / world_size rows of a row-wise table, and their state only"
     if got is not None and got * 4 == want:
         return "that counts values; each fp32 value takes 4 bytes"
+    if got is not None and got * 2 == want:
+        return "the state is fp32 (4 bytes a value), even where tables are fp16"
     if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and got == want * dim:
         return "row-wise Adagrad keeps one value per row, not one per element"
     if optimizer == EmbOptimType.EXACT_ADAGRAD and got == want // dim:
         return "(per-element) Adagrad keeps one value per element: rows x dim"
-    if optimizer == EmbOptimType.EXACT_ADAGRAD and got == 2 * want:
-        return "Adagrad keeps one sum of squared gradients per element; two states is Adam"
     return "bytes = (rows on this rank) x (state values per row) x 4"
 
 
@@ -273,4 +311,112 @@ def check_state_bytes(
     passed(
         "the formula matches the measurement and other sizes: rows / world_size x (0 for SGD, dim for Adagrad, "
         "1 for row-wise Adagrad) x 4 bytes"
+    )
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+BUDGET_FRACTION = 1 / 8  # optimizer state may take at most this share of the bytes of the tables a rank holds
+AUC_MARGIN = 0.01  # ... and the model must come within this of the AUC that exact (per-element) Adagrad reaches
+BUDGET_LOG = data.ClickLogConfig(num_train=60_000, num_test=10_000, seed=5)
+
+
+def train_with_sharder(sharder: Any, config: data.ClickLogConfig = BUDGET_LOG) -> dict[str, Any]:
+    """On every rank: the lab's DLRM sharded by the planner with `sharder`, one epoch of `config`'s log at
+    256 rows per rank per step, then ``{"auc", "state bytes", "table bytes"}``: the test AUC of all ranks,
+    and this rank's fused optimizer state and the bytes of the fused tables it holds."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from course_lib import memory, models, optimizers, planning, training
+
+    log = data.make_click_log(config)
+    torch.manual_seed(0)
+    model = models.click_dlrm(log.tables(16), config.num_dense, device="meta")
+    plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
+        model, [sharder], dist.GroupMember.WORLD
+    )
+    dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=[sharder])
+    training.train(dmp, training.optimizer(dmp), log.train, 256, 1, desc=None)
+    logits, labels = training.predict(dmp, log.test)
+    fused = [p for _, p in in_backward_optimizer_filter(dmp.named_parameters(), include=True)]
+    return {
+        "auc": training.auc(logits, labels),
+        "state bytes": optimizers.state_bytes(dmp.fused_optimizer),
+        "table bytes": sum(memory.tensor_bytes(p) for p in fused),
+    }
+
+
+def _budget_on_rank(choose_sharder: Callable[[], Any]) -> dict[str, Any]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    try:
+        sharder = choose_sharder()
+    except Exception as error:
+        raise_if_unwritten(error)
+        return {"error": f"choose_sharder() raised {one_line(error)}"}
+    if not isinstance(sharder, EmbeddingBagCollectionSharder):
+        return {"type": type(sharder).__name__}
+    params = dict(getattr(sharder, "fused_params", None) or {})
+    report: dict[str, Any] = {"type": "EmbeddingBagCollectionSharder", "optimizer": str(params.get("optimizer", "exact_sgd")),
+                              "lr": params.get("learning_rate", 0.01)}
+    try:
+        report["yours"] = train_with_sharder(sharder)
+    except Exception as error:
+        report["error"] = f"training with your sharder raised {one_line(error)}"
+        return report
+    adagrad = EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1}
+    )
+    report["adagrad"] = train_with_sharder(adagrad)
+    return report
+
+
+@exercise
+def check_budget_choice(choose_sharder: Callable[[], Any], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`choose_sharder()` must return an EmbeddingBagCollectionSharder whose fused optimizer keeps at most
+    ``BUDGET_FRACTION`` of each rank's table bytes as state and trains the lab's DLRM, in one epoch of a click
+    log of the check's own, to within ``AUC_MARGIN`` of the AUC that exact Adagrad (lr 0.1) reaches.
+    """
+    if launch is None:
+        from course_lib import launch
+    reports = launch(_budget_on_rank, choose_sharder, world_size=2, show_ranks=[])
+    report = reports[0]
+    if "type" not in report:
+        fail(report["error"], "return EmbeddingBagCollectionSharder(fused_params={'optimizer': ..., 'learning_rate': ...})")
+    if report["type"] != "EmbeddingBagCollectionSharder":
+        fail(f"choose_sharder() returned a {report['type']}", "return one EmbeddingBagCollectionSharder (as in exercise 1)")
+    if "error" in report:
+        hint = (
+            "fbgemm's CPU kernels fuse EXACT_SGD, EXACT_ADAGRAD and EXACT_ROWWISE_ADAGRAD only (section 4)"
+            if "CPU" in report["error"] or "deprecated" in report["error"]
+            else "fused_params={'optimizer': EmbOptimType..., 'learning_rate': ...}"
+        )
+        fail(report["error"], hint)
+    worst = max(r["yours"]["state bytes"] / r["yours"]["table bytes"] for r in reports)
+    if worst > BUDGET_FRACTION:
+        fail(
+            f"{report['optimizer']} keeps {worst:.0%} of the table bytes as state on a rank; the budget is "
+            f"{BUDGET_FRACTION:.1%}",
+            "an optimizer whose state is one value per row, not one per element, fits (section 4's table)",
+        )
+    auc, reference = report["yours"]["auc"], report["adagrad"]["auc"]
+    if auc < reference - AUC_MARGIN:
+        hint = (
+            "plain SGD keeps no state, but on sparse rows a single global learning rate trains slowly: an "
+            "adaptive optimizer scales each row's step by its own history"
+            if "sgd" in report["optimizer"]
+            else "the learning rate: try a few (0.01 to 0.5) and keep the best"
+        )
+        fail(
+            f"{report['optimizer']} at lr {report['lr']:g} reaches AUC {auc:.4f} in one epoch; exact Adagrad reaches "
+            f"{reference:.4f}, and the goal is within {AUC_MARGIN}",
+            hint,
+        )
+    passed(
+        f"{report['optimizer']} at lr {report['lr']:g}: state within {BUDGET_FRACTION:.1%} of the table bytes, "
+        f"and AUC within {AUC_MARGIN} of exact Adagrad's"
     )

@@ -8,9 +8,10 @@ ranks for a model whose size the learner has not seen.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import exercise, fail, launch_quietly, one_line, passed
+from course_lib.checks import exercise, fail, launch_quietly, one_line, passed, raise_if_unwritten
 
 _TIMEOUT_S = 60.0
 # The model the shard exercise hands to `shard`: 3 blocks, so "one group per block plus the root" is 4.
@@ -39,9 +40,11 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         raise
     except Exception as error:  # noqa: BLE001  (what it had done by then tells why)
         return {"groups": fsdp_groups(model), "plain": [], "shard_error": one_line(error)}
-    if isinstance(returned, torch.nn.Module):
+    report: dict[str, Any] = {}
+    if isinstance(returned, torch.nn.Module) and returned is not model:
+        report["returned another module"] = type(returned).__name__
         model = returned
-    report: dict[str, Any] = {
+    report |= {
         "groups": fsdp_groups(model),
         "plain": [name for name, p in model.named_parameters() if not is_sharded(p)],
     }
@@ -59,6 +62,7 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         report["train_error"] = one_line(error)
         return report
     report["forward_all_gathers"] = sum(1 for r in log.records if r.phase == "forward" and r.op == "all_gather")
+    report["backward_all_gathers"] = sum(1 for r in log.records if r.phase == "backward" and r.op == "all_gather")
     report["backward_reduce_scatters"] = sum(
         1 for r in log.records if r.phase == "backward" and r.op == "reduce_scatter"
     )
@@ -105,7 +109,8 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             "call fully_shard (from torch.distributed.fsdp) on each block of model.layers, then on model",
         )
     missing = [b for b in blocks if b not in groups]
-    if "" in groups and missing == blocks:
+    extra = [g for g in groups if g != "" and g not in blocks]
+    if "" in groups and missing == blocks and not extra:
         ran = report.get("forward_all_gathers")
         fail(
             "only the root was sharded: it is one group, so "
@@ -113,6 +118,13 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             + "every rank holds all the full parameters at once",
             "call fully_shard on each block of model.layers first, then on the model: one group per block means "
             "only one block's full parameters exist at a time",
+        )
+    if extra:
+        shown = ", ".join(repr(g) for g in extra[:4]) + (", ..." if len(extra) > 4 else "")
+        fail(
+            f"{shown} {'is a group' if len(extra) == 1 else 'are groups'} of its own besides the blocks and the "
+            "root: every group is one more all-gather per forward and one more reduce-scatter per backward",
+            "one fully_shard per block of model.layers, then one on the model; the root's group takes the rest",
         )
     if missing:
         fail(
@@ -129,6 +141,12 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
         )
     if plain:
         fail(f"{', '.join(plain)} are not sharded", "every parameter should be a DTensor after fully_shard")
+    if "returned another module" in report:
+        fail(
+            f"shard(model) returned another module (a {report['returned another module']}) instead of sharding "
+            "the model it was given",
+            "fully_shard changes `model` in place; shard it, and do not copy it or build a new one",
+        )
     if "train_error" in report:
         fail(f"a training step on the sharded model failed: {report['train_error']}",
              "shard the model in place with fully_shard, then train it as usual")
@@ -138,6 +156,13 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             f"one forward ran {report['forward_all_gathers']} all-gathers, expected {expected} "
             "(one per block, one for the root)",
             "call fully_shard bottom-up: each block first, the root last",
+        )
+    if report["backward_all_gathers"] < len(blocks):  # the root may reshard too (explicit True): one more
+        fail(
+            f"one backward ran {report['backward_all_gathers']} all-gathers, expected {len(blocks)} (each block's "
+            "parameters gathered again): blocks kept their full parameters from forward to backward",
+            "leave reshard_after_forward at its default (True): that is what frees each block's full parameters "
+            "after its forward, the memory FSDP saves",
         )
     if not report["updated"]:
         fail(
@@ -231,4 +256,207 @@ def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -
     passed(
         f"your formula matches the bytes measured on 2 and 4 ranks ({num_params:,} parameters, "
         f"{measured['total']:,} bytes per rank on 4 ranks)"
+    )
+
+
+# ------------------------------------------------------------------------------------------ hsdp
+
+# The model of the HSDP exercise, and the hosts the check pretends the 4 ranks sit on (2 hosts x 2 ranks).
+HSDP_MODEL = {"vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2, "max_seq_len": 16}
+HOSTS = ((0, 1), (2, 3))
+_HSDP_STEPS = 3
+
+
+def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]) -> dict[str, Any]:
+    """On each of 4 ranks: the learner's mesh and model; what they are; 3 SGD steps against one process."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from course_lib import memory
+    from course_lib.fsdp import fsdp_groups, full_parameters, is_sharded
+    from course_lib.models import TinyTransformer, counting_tokens, next_token_loss
+
+    rank = dist.get_rank()
+    try:
+        mesh = hsdp_mesh()
+    except Exception as error:  # noqa: BLE001
+        raise_if_unwritten(error)
+        return {"error": f"hsdp_mesh() raised {one_line(error)}"}
+    if not isinstance(mesh, DeviceMesh):
+        return {"error": f"hsdp_mesh() returned a {type(mesh).__name__}, not a DeviceMesh"}
+    report: dict[str, Any] = {
+        "mesh shape": tuple(mesh.shape),
+        "mesh groups": [sorted(dist.get_process_group_ranks(mesh.get_group(d))) for d in range(mesh.ndim)],
+    }
+    try:
+        model = build_hsdp(mesh)
+    except Exception as error:  # noqa: BLE001
+        raise_if_unwritten(error)
+        report["error"] = f"build_hsdp(mesh) raised {one_line(error)}"
+        return report
+    if not isinstance(model, torch.nn.Module):
+        report["error"] = f"build_hsdp(mesh) returned a {type(model).__name__}, not the model"
+        return report
+    parameters = list(model.named_parameters())
+    report["devices"] = sorted({p.device.type for _, p in parameters})
+    report["groups"] = fsdp_groups(model)
+    report["placements"] = sorted({str(p.placements) if is_sharded(p) else "plain tensor" for _, p in parameters})
+    report["param bytes"] = memory.param_bytes(model)
+    report["full bytes"] = memory.count_params(TinyTransformer(**HSDP_MODEL, device="meta")) * 4
+    if report["devices"] != ["cpu"]:
+        return report
+    start = full_parameters(model)
+    norms = [name for name, _ in parameters if ".norm" in name or name.startswith("norm.")]
+    report["norms reset"] = all(
+        torch.equal(start[n], torch.ones_like(start[n]) if n.endswith("weight") else torch.zeros_like(start[n]))
+        for n in norms
+    )
+    report["finite"] = all(bool(torch.isfinite(t).all()) for t in start.values())
+    report["uninitialized"] = sorted(
+        n for n, t in start.items()
+        if not bool(torch.isfinite(t).all()) or (t.dim() == 2 and not 1e-3 < t.float().std().item() < 10)
+    )
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {n: t[:2].clone() for n, t in start.items()})
+    report["replicas agree at start"] = all(
+        torch.equal(other[n], gathered[0][n]) for other in gathered for n in gathered[0]
+    )
+    if not (report["norms reset"] and report["finite"]) or report["uninitialized"]:
+        return report
+    # the reference: one process, from the same initial weights, on the whole batch
+    torch.manual_seed(0)
+    reference = TinyTransformer(**HSDP_MODEL)
+    reference.load_state_dict(start)
+    tokens = counting_tokens(8, HSDP_MODEL["max_seq_len"], HSDP_MODEL["vocab_size"])
+    mine = tokens.chunk(dist.get_world_size())[rank]
+    try:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+        losses, want = [], []
+        for _ in range(_HSDP_STEPS):
+            loss = next_token_loss(model(mine), mine)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            loss = loss.detach()
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+            losses.append(loss.item())
+            reference_loss = next_token_loss(reference(tokens), tokens)
+            reference_loss.backward()
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+            want.append(reference_loss.item())
+    except Exception as error:  # noqa: BLE001
+        report["error"] = f"training the model raised {one_line(error)}"
+        return report
+    report["losses"], report["want"] = losses, want
+    end = full_parameters(model)
+    report["weights differ"] = max((end[n] - p.detach()).abs().max().item() for n, p in reference.named_parameters())
+    return report
+
+
+@exercise
+def check_hsdp(
+    hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None
+) -> None:
+    """`hsdp_mesh()` must give a 2 x 2 mesh over 4 ranks that replicates across the hosts (ranks 0-1 and 2-3)
+    and shards within each; `build_hsdp(mesh)` a ``TinyTransformer(**HSDP_MODEL)`` built on meta, sharded
+    with ``fully_shard(mesh=mesh)`` block by block then the root, materialized on the CPU and initialized.
+
+    The check runs both on 4 ranks, reads the placements, the mesh's groups, the bytes each rank holds and
+    the initial weights, then trains 3 SGD steps and compares them with one process on the whole batch,
+    started from the same weights.
+    """
+    if launch is None:
+        from course_lib import launch
+    from course_lib.launcher.launch import LaunchError
+
+    try:
+        with warnings.catch_warnings():  # 4 ranks on fewer cores: fine for a check
+            warnings.simplefilter("ignore", UserWarning)
+            report = launch(  # a CPU exercise: gloo, whatever backend the course runs on
+                _hsdp_on_rank, hsdp_mesh, build_hsdp, world_size=4, backend="gloo", show_ranks=[], timeout=2 * _TIMEOUT_S
+            )[0]
+    except LaunchError as error:
+        raised = [f for f in error.failures if f.kind == "raised"]
+        if raised and all(f.exc_type == "NotImplementedError" and not f.message.strip() for f in raised):
+            raise
+        first = error.failures[0].headline() if error.failures else error.summary
+        fail(f"the check's run on 4 ranks failed: {first}", "run hsdp_mesh() and build_hsdp(mesh) in a launch of "
+             "4 ranks yourself to read the traceback")
+    if "mesh shape" not in report:
+        fail(report["error"], "init_device_mesh('cpu', (replicas, shards), mesh_dim_names=(...))")
+    shape, groups = report["mesh shape"], report["mesh groups"]
+    if shape != (2, 2):
+        fail(
+            f"the mesh has shape {shape}: "
+            + ("a 1-D mesh is plain FSDP over all 4 ranks, and every all-gather crosses hosts"
+               if len(shape) == 1 else "HSDP here is 2 replicas x 2 shards"),
+            "init_device_mesh('cpu', (2, 2), mesh_dim_names=('replicate', 'shard'))",
+        )
+    if tuple(groups[1]) not in HOSTS:
+        fail(
+            f"rank 0 shards with ranks {groups[1]} and replicates with ranks {groups[0]}: the shards span hosts, so "
+            "every all-gather and reduce-scatter crosses the slow link",
+            "fully_shard replicates over mesh dim 0 and shards over dim 1, whatever their names: put the hosts on "
+            "dim 0 (ranks 0-1 are host 0, so the shard groups must be [0, 1] and [2, 3])",
+        )
+    if "error" in report:
+        fail(report["error"], "build the model on meta, fully_shard(block, mesh=mesh) each block, then the root")
+    if report["devices"] != ["cpu"]:
+        fail(
+            f"the model's parameters are on {report['devices']}: it was never materialized",
+            "after sharding, model.to_empty(device='cpu') allocates each rank's shards (then initialize them)",
+        )
+    if report["placements"] != ["(Replicate(), Shard(dim=0))"]:
+        fail(
+            f"the parameters are placed {', '.join(report['placements'])}, HSDP places them (Replicate(), Shard(dim=0))",
+            "pass the 2-D mesh itself to fully_shard(..., mesh=mesh), for every block and the root",
+        )
+    blocks = [f"layers.{i}" for i in range(HSDP_MODEL["n_layers"])]
+    if sorted(report["groups"]) != sorted(["", *blocks]):
+        fail(
+            f"the FSDP groups are {report['groups']}; expected one per block and the root",
+            "fully_shard(block, mesh=mesh) for each block of model.layers, then fully_shard(model, mesh=mesh)",
+        )
+    if report["uninitialized"]:
+        names = report["uninitialized"]
+        only_attention = all("in_proj" in name for name in names)
+        fail(
+            f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''} {'is' if len(names) == 1 else 'are'} not "
+            "initialized (zeros, NaN or garbage: to_empty allocates memory and leaves whatever was in it)",
+            "nn.MultiheadAttention has no reset_parameters(): call its _reset_parameters()"
+            if only_attention
+            else "after to_empty, call reset_parameters() on every module that has one (and _reset_parameters() "
+            "on nn.MultiheadAttention)",
+        )
+    if not report["finite"] or not report["norms reset"]:
+        fail(
+            "the LayerNorm weights are not 1 (or some weight is not finite): the model was not initialized",
+            "after to_empty, call reset_parameters() on every module that has one",
+        )
+    if not report["replicas agree at start"]:
+        fail(
+            "the ranks start from different weights: the replicas are not replicas",
+            "initialize the same way on every rank (the same seed): DTensor's RNG then gives each shard its part",
+        )
+    if "error" in report:
+        fail(report["error"])
+    for step, (got, want) in enumerate(zip(report["losses"], report["want"])):
+        if abs(got - want) > 1e-4:
+            fail(
+                f"step {step + 1}: the mean loss over the 4 ranks is {got:.5f}, one process on the whole batch from the "
+                f"same weights gets {want:.5f}",
+                "the replicas must average their gradients: shard every group over the whole 2-D mesh",
+            )
+    if report["weights differ"] > 1e-4:
+        fail(
+            f"after {_HSDP_STEPS} steps the weights differ from one process's by {report['weights differ']:.2g}",
+            "every block and the root on the same 2-D mesh: then HSDP is the same math as one process",
+        )
+    passed(
+        f"HSDP on 2 hosts x 2: shards within a host {groups[1]}, replicas across hosts {groups[0]}; each rank holds "
+        f"{report['param bytes']:,} of {report['full bytes']:,} parameter bytes; {_HSDP_STEPS} losses equal one "
+        "process's"
     )
