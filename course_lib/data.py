@@ -42,6 +42,8 @@ __all__ = [
     "DriftConfig",
     "DriftingLog",
     "GroundTruth",
+    "Histories",
+    "HistoryConfig",
     "SPARSE_FEATURES",
     "auc",
     "batches",
@@ -49,7 +51,9 @@ __all__ = [
     "bayes_optimal_ne",
     "make_click_log",
     "make_drifting_log",
+    "make_histories",
     "read_criteo_tsv",
+    "recall_ceiling",
     "write_criteo_tsv",
 ]
 
@@ -592,3 +596,63 @@ def make_drifting_log(config: DriftConfig | None = None) -> DriftingLog:
         ids = {"user": (user_ids[user], one), "item": (item_ids[item], one.clone())}
         days.append(ClickSplit(counts=counts, ids=ids, labels=labels, true_logits=logit))
     return DriftingLog(config=c, days=days, user_ids=user_ids, item_ids=item_ids, content=content.float(), truth=truth)
+
+
+# ------------------------------------------------------------------ histories for next-item prediction
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    """Users' item histories for next-item prediction (lab 12).
+
+    Each user has a latent taste; each item a latent factor and a popularity. A user's items are drawn
+    independently from ``softmax(<taste, factor> * affinity + log popularity)`` over all items: the last one
+    is the target, the ``history_len`` before it the input. The planted distribution gives the ceiling of
+    recall@k exactly (the probability mass of the k most likely items for that user).
+    """
+
+    num_users: int = 3_000
+    num_items: int = 300
+    history_len: int = 10
+    latent_dim: int = 8
+    affinity: float = 1.6
+    popularity_skew: float = 0.8
+    test_users: int = 500
+    seed: int = 0
+
+
+@dataclass
+class Histories:
+    """``history[u]`` the ``history_len`` item ids user u saw, ``target[u]`` the next one; ``probs[u]`` the
+    planted next-item distribution. Users ``[:num_train]`` train, the rest test."""
+
+    config: HistoryConfig
+    history: torch.Tensor
+    target: torch.Tensor
+    probs: torch.Tensor
+    num_train: int
+
+    def split(self, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(history, target, probs)`` of the "train" or "test" users."""
+        s = slice(0, self.num_train) if part == "train" else slice(self.num_train, None)
+        return self.history[s], self.target[s], self.probs[s]
+
+
+def make_histories(config: HistoryConfig | None = None) -> Histories:
+    """Generate users' histories (the same config always gives the same data)."""
+    c = config or HistoryConfig()
+    g = torch.Generator().manual_seed(c.seed)
+    taste = torch.randn(c.num_users, c.latent_dim, generator=g) / math.sqrt(c.latent_dim)
+    factor = torch.randn(c.num_items, c.latent_dim, generator=g)
+    popularity = _popularity(c.num_items, c.popularity_skew, g).float()
+    logits = c.affinity * taste @ factor.T + torch.log(popularity / popularity.sum())
+    probs = torch.softmax(logits, dim=1)
+    items = torch.multinomial(probs, c.history_len + 1, replacement=True, generator=g)
+    return Histories(config=c, history=items[:, :-1].contiguous(), target=items[:, -1].contiguous(), probs=probs,
+                     num_train=c.num_users - c.test_users)
+
+
+def recall_ceiling(probs: torch.Tensor, k: int = 10) -> float:
+    """Expected recall@k of the predictor that knows each user's planted distribution: the mean over users of
+    the probability mass of their k most likely items (a single target per user)."""
+    return float(probs.topk(k, dim=1).values.sum(1).mean())

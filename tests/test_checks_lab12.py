@@ -118,6 +118,7 @@ def test_bytes_per_rank_rejects(answer, reason):
     rejects(lab12.check_bytes_per_rank, answer, match=reason)
 
 
+@pytest.mark.filterwarnings("ignore:launch. 4 ranks on")
 def test_the_bytes_formula_is_what_the_ranks_hold():
     from course_lib import launch
 
@@ -186,3 +187,38 @@ def resident_only(world, per_host, model, budget):  # forgets the gathered block
 ])
 def test_choose_mesh_rejects(answer, reason):
     rejects(lab12.check_choose_mesh, answer, match=reason)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def _cos(q, c):
+    return F.normalize(q, dim=1) @ F.normalize(c, dim=1).T
+
+
+def good_sampled(q, c, log_q, t):
+    return F.cross_entropy(_cos(q, c) / t - log_q[None, :], torch.arange(len(q)))
+
+
+def test_sampled_softmax_passes_the_solution(capsys):
+    lab12.check_sampled_softmax(good_sampled)
+    assert capsys.readouterr().out.startswith("✓ sampled_softmax")
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t, torch.arange(len(q))), "leaves out the correction"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t + lq[None, :], torch.arange(len(q))), "adds log_q"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq[:, None], torch.arange(len(q))), "per row"),
+    (lambda q, c, lq, t: F.cross_entropy((_cos(q, c) - lq[None, :]) / t, torch.arange(len(q))), "divides the correction"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) - lq[None, :], torch.arange(len(q))), "ignores the temperature"),
+    (lambda q, c, lq, t: F.cross_entropy(q @ c.T / t - lq[None, :], torch.arange(len(q))), "raw dot products"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c).T / t - lq[None, :], torch.arange(len(q))), "transposes"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq.exp()[None, :], torch.arange(len(q))), "expected"),
+    (lambda q, c, lq, t: good_sampled(q, c, lq, t).detach(), "no gradient"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq[None, :], torch.arange(len(q)), reduction="none"), "scalar"),
+])
+def test_sampled_softmax_rejects(answer, reason):
+    rejects(lab12.check_sampled_softmax, answer, match=reason)

@@ -103,6 +103,7 @@ CASES = {
     "12 block_plan": (lab12.check_block_plan, [stub("block_plan")], "block_plan"),
     "12 bytes_per_rank": (lab12.check_bytes_per_rank, [stub("bytes_per_rank")], "bytes_per_rank"),
     "12 choose_mesh": (lab12.check_choose_mesh, [stub("choose_mesh")], "choose_mesh"),
+    "12 sampled_softmax": (lab12.check_sampled_softmax, [stub("sampled_softmax")], "sampled_softmax"),
 }
 
 

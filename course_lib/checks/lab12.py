@@ -186,3 +186,63 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
         fail(f"choose_mesh returned {got} for {what}; {want} also fits with less tensor parallelism",
              "prefer the smallest tp that fits: more data parallelism, fewer per-layer all-reduces")
     passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (6 cases)")
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def _sampled_softmax_mistakes(q: Any, c: Any, log_q: Any, t: float) -> dict[str, Any]:
+    import torch
+    from torch.nn import functional as F
+
+    sim = F.normalize(q, dim=1) @ F.normalize(c, dim=1).T
+    labels = torch.arange(len(q))
+    return {
+        "leaves out the correction (or subtracts it per row, which a softmax ignores): log_q must be subtracted "
+        "from each candidate's logit, one per column": F.cross_entropy(sim / t, labels),
+        "adds log_q: a popular candidate must lose logit, not gain it": F.cross_entropy(sim / t + log_q[None, :], labels),
+        "divides the correction by the temperature: subtract log_q from the final logits":
+            F.cross_entropy((sim - log_q[None, :]) / t, labels),
+        "ignores the temperature": F.cross_entropy(sim - log_q[None, :], labels),
+        "uses raw dot products: compare cosine similarities (normalize both sides)":
+            F.cross_entropy(q @ c.T / t - log_q[None, :], labels),
+        "transposes the similarity matrix: each query row chooses among the candidates":
+            F.cross_entropy(sim.T / t - log_q[None, :], labels),
+    }
+
+
+@exercise
+def check_sampled_softmax(sampled_softmax: Callable[..., Any]) -> None:
+    """`sampled_softmax(query, candidates, log_q, temperature)`: in-batch softmax with the logQ correction."""
+    import math
+
+    import torch
+
+    from course_lib.genrec import reference_sampled_softmax
+
+    g = torch.Generator().manual_seed(21)
+    cases = [(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g), 0.1),
+             (torch.randn(10, 8, generator=g) * 2, torch.randn(10, 8, generator=g), 0.25)]
+    for q, c, t in cases:
+        log_q = torch.log(torch.softmax(torch.randn(len(q), generator=g) * 2, 0))
+        qi, ci = q.clone().requires_grad_(), c.clone().requires_grad_()
+        try:
+            got = sampled_softmax(qi, ci, log_q.clone(), t)
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"sampled_softmax raised {one_line(error)} on a batch of {len(q)}")
+        if not isinstance(got, torch.Tensor) or got.numel() != 1:
+            fail(f"sampled_softmax returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))}: return the loss, a "
+                 "scalar tensor", "cross-entropy averaged over the rows")
+        if not got.requires_grad:
+            fail("sampled_softmax returned a tensor with no gradient: it was detached from query and candidates")
+        want = float(reference_sampled_softmax(q, c, log_q, t))
+        value = float(got.detach())
+        if math.isclose(value, want, rel_tol=1e-5, abs_tol=1e-6):
+            continue
+        for mistake, wrong in _sampled_softmax_mistakes(q, c, log_q, t).items():
+            if math.isclose(value, float(wrong), rel_tol=1e-5, abs_tol=1e-6):
+                fail(f"sampled_softmax gave {value:.4f}, expected {want:.4f}: it {mistake}")
+        fail(f"sampled_softmax gave {value:.4f} on a batch of {len(q)} at temperature {t}, expected {want:.4f}",
+             "cosine similarities / temperature, minus log_q per column, cross-entropy against each row's own index")
+    passed("sampled_softmax: cosine / temperature - log q per candidate, each query against its own target (2 fresh batches)")
