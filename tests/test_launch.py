@@ -467,3 +467,15 @@ def test_nccl_live_ranks_and_the_course_switch_on_gpus(monkeypatch):
         assert ranks.run(on_gpu) == [("nccl", 3.0), ("nccl", 3.0)]
     finally:
         ranks.close()
+
+
+def test_lab_backend_follows_the_switch_else_uses_gpus_when_it_can(monkeypatch):
+    from course_lib.launcher.launch import lab_backend
+
+    monkeypatch.delenv("COURSE_BACKEND", raising=False)
+    assert lab_backend(4, gpu_count=0) == "gloo" and lab_backend(4, gpu_count=4) == "nccl"
+    assert lab_backend(4, gpu_count=2) == "gloo"
+    monkeypatch.setenv("COURSE_BACKEND", "gloo")
+    assert lab_backend(2, gpu_count=8) == "gloo"  # the switch wins over the GPUs
+    monkeypatch.setenv("COURSE_BACKEND", "nccl")
+    assert lab_backend(2, gpu_count=2) == "nccl"

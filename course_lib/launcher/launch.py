@@ -49,6 +49,7 @@ __all__ = [
     "LaunchError",
     "RankFailure",
     "default_backend",
+    "lab_backend",
     "resolve_backend",
     "check_nccl",
     "device_for",
@@ -212,6 +213,14 @@ def default_backend(world_size: int, gpu_count: int | None = None) -> str:
 
 
 _SAID_FALLBACK: set[int] = set()
+
+
+def lab_backend(world_size: int, gpu_count: int | None = None) -> str:
+    """The backend of a lab that uses GPUs when it has them: ``$COURSE_BACKEND`` when set (as
+    :func:`default_backend`), else NCCL when there is a GPU per rank, else gloo (``"auto"``)."""
+    if os.environ.get("COURSE_BACKEND", "").strip():
+        return default_backend(world_size, gpu_count)
+    return resolve_backend("auto", world_size, gpu_count)
 
 
 def _log_backend(backend: str, world_size: int) -> None:
