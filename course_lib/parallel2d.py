@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "activation_report",
     "Attention",
     "FeedForward",
     "TowerBlock",
@@ -241,4 +242,65 @@ def sequence_lookup(sharding: str, kernel: str, num_embeddings: int = 100, dim: 
         "lengths": out["history"].lengths().tolist(),
         "vectors": tuple(out["history"].values().shape),
         "records": log.records,
+    }
+
+
+def activation_report(checkpointing: bool, seq_len: int = 256, batch: int = 4, dim: int = 32,
+                      offload: str | None = None) -> dict[str, Any]:
+    """Run on every rank: one forward and backward of an FSDP2-sharded :class:`Tower`, measuring what autograd
+    saves for backward (activations, not parameters) and how often each block's forward runs.
+
+    ``checkpointing=True`` wraps each block in activation checkpointing (the composable ``checkpoint``, applied
+    before ``fully_shard``): a block keeps only its input and runs its forward again during backward.
+    ``offload="pinned"`` / ``"unpinned"`` adds FSDP2's ``CPUOffloadPolicy`` (with ``pin_memory`` True / False).
+    Returns the saved bytes, the forward calls per block, the gradients' distance to a plain single-process
+    run, the parameters' device, and the error if the setup failed.
+    """
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    torch.manual_seed(0)
+    reference = Tower(dim=dim)
+    model = Tower(dim=dim)
+    model.load_state_dict(reference.state_dict())
+    calls = [0] * len(model.layers)
+    for i, block in enumerate(model.layers):  # counted inside the block: a recomputation runs it again
+        run = block.feed_forward.forward
+
+        def counted(*args: Any, i: int = i, run: Any = run) -> Any:
+            calls[i] += 1
+            return run(*args)
+
+        block.feed_forward.forward = counted
+    policy = {"pinned": lambda: CPUOffloadPolicy(), "unpinned": lambda: CPUOffloadPolicy(pin_memory=False)}
+    try:
+        kwargs = {"offload_policy": policy[offload]()} if offload else {}
+        for block in model.layers:
+            if checkpointing:
+                checkpoint(block)
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+    except Exception as error:  # CPUOffloadPolicy's default pin_memory=True needs an accelerator
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+    saved = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.grad_fn is not None or not t.requires_grad:  # activations and inputs; not the (leaf) weights
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    x = torch.randn(batch, seq_len, dim, generator=torch.Generator().manual_seed(1))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).pow(2).mean()
+    forward_calls = list(calls)
+    loss.backward()
+    reference(x).pow(2).mean().backward()
+    grad_diff = max(float((p.grad.full_tensor() - r.grad).abs().max())
+                    for p, r in zip(model.parameters(), reference.parameters()))
+    return {
+        "saved_bytes": saved[0],
+        "forward_calls": forward_calls,
+        "calls_after_backward": list(calls),
+        "grad_diff": grad_diff,
+        "param_device": str(next(model.parameters()).device),
     }

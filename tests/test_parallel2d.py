@@ -1,0 +1,32 @@
+"""course_lib.parallel2d: sharded sequence embeddings, the 2-D tower, activation checkpointing."""
+from __future__ import annotations
+
+import pytest
+
+from course_lib import launch, parallel2d
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
+def test_sharded_sequence_embeddings_equal_the_unsharded_module(sharding):
+    out = launch(parallel2d.sequence_lookup, sharding, "fused", world_size=2, show_ranks=[])
+    for r in out:
+        assert r["max_diff"] == 0.0 and r["vectors"][0] == sum(r["lengths"])
+        ops = sorted({(c.op, c.dtype) for c in r["records"]})
+        assert ops == [("all_to_all", "float32"), ("all_to_all", "int64")]  # no reduce-scatter: nothing is pooled
+
+
+def test_activation_checkpointing_saves_activations_and_recomputes():
+    plain = launch(parallel2d.activation_report, False, seq_len=128, world_size=2, show_ranks=[])[0]
+    ckpt = launch(parallel2d.activation_report, True, seq_len=128, world_size=2, show_ranks=[])[0]
+    assert ckpt["saved_bytes"] < plain["saved_bytes"] / 4
+    assert plain["calls_after_backward"] == [1, 1] and ckpt["calls_after_backward"] == [2, 2]
+    assert plain["grad_diff"] < 1e-6 and ckpt["grad_diff"] < 1e-6
+    longer = launch(parallel2d.activation_report, False, seq_len=256, world_size=2, show_ranks=[])[0]
+    assert longer["saved_bytes"] > 1.8 * plain["saved_bytes"]  # activations grow with the sequence
+
+
+def test_cpu_offload_needs_unpinned_memory_on_cpu():
+    pinned = launch(parallel2d.activation_report, False, offload="pinned", world_size=2, show_ranks=[])[0]
+    assert "accelerator" in pinned["error"]
+    unpinned = launch(parallel2d.activation_report, False, offload="unpinned", world_size=2, show_ranks=[])[0]
+    assert unpinned["param_device"] == "cpu" and unpinned["grad_diff"] < 1e-6
