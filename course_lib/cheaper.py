@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchrec import EmbeddingBagConfig
+from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
 
 from course_lib import data, models, optimizers, trace, training
 
@@ -33,13 +33,19 @@ __all__ = [
     "SERVING_DTYPES",
     "TABLE_DIM",
     "Variant",
+    "as_variable_batch",
     "compare_variants",
+    "dedup_lookups",
     "dlrm_tables",
+    "export_for_serving",
     "predict",
     "qcomm_registry",
     "quantize",
     "quantize_tables",
+    "ranking_requests",
+    "request_batches",
     "rowwise_adagrad_sharder",
+    "serve_in_another_process",
     "serving_bytes",
     "kernel_bytes",
     "shard_dlrm",
@@ -48,6 +54,9 @@ __all__ = [
     "train_variant",
     "weight_bytes",
     "wire_bytes",
+    "write_requests",
+    "ServingModule",
+    "SERVING_SCRIPT",
 ]
 
 TABLE_DIM = 32
@@ -208,6 +217,114 @@ def compare_variants(log: data.ClickLog, variants: Sequence[Variant], **kwargs: 
     return [train_variant(log, variant, **kwargs) for variant in variants]
 
 
+# ---------------------------------------------------------------------------- deduplicated batches (VBE)
+
+
+def ranking_requests(
+    num_requests: int, items_per_request: int, num_users: int = 1000, num_items: int = 1000, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ranking traffic: `num_requests` users, each scored against `items_per_request` random items.
+    Returns ``(users [num_requests], items [num_requests * items_per_request])``."""
+    g = torch.Generator().manual_seed(seed)
+    users = torch.randint(0, num_users, (num_requests,), generator=g)
+    return users, torch.randint(0, num_items, (num_requests * items_per_request,), generator=g)
+
+
+def request_batches(users: torch.Tensor, items: torch.Tensor) -> tuple[Any, Any]:
+    """The same requests as two KeyedJaggedTensors with keys ``user`` and ``item``, one id per row:
+
+    - *flat*: one row per (user, item) pair, the user's id repeated in each of its rows;
+    - *deduplicated*: each user once (stride ``len(users)``) and each item once (stride ``len(items)``): a
+      variable batch per feature (``stride_per_key_per_rank``), with ``inverse_indices`` saying which user row
+      and which item row each output row reads.
+    """
+    from torchrec import KeyedJaggedTensor
+
+    per_request = len(items) // len(users)
+    user_rows = torch.arange(len(users)).repeat_interleave(per_request)
+    flat = KeyedJaggedTensor(
+        keys=["user", "item"], values=torch.cat([users[user_rows], items]), lengths=torch.ones(2 * len(items), dtype=torch.long)
+    )
+    deduplicated = KeyedJaggedTensor(
+        keys=["user", "item"], values=torch.cat([users, items]),
+        lengths=torch.ones(len(users) + len(items), dtype=torch.long),
+        stride_per_key_per_rank=[[len(users)], [len(items)]],
+        inverse_indices=(["user", "item"], torch.stack([user_rows, torch.arange(len(items))])),
+    )
+    return flat, deduplicated
+
+
+def as_variable_batch(kjt: Any) -> Any:
+    """A KeyedJaggedTensor of one stride, rewritten as a variable-batch one that happens to have the same
+    stride for every key (identity ``inverse_indices``): what a sharded module that has taken variable
+    batches accepts."""
+    from torchrec import KeyedJaggedTensor
+
+    stride, keys = kjt.stride(), kjt.keys()
+    return KeyedJaggedTensor(
+        keys=keys, values=kjt.values(), lengths=kjt.lengths(), stride_per_key_per_rank=[[stride]] * len(keys),
+        inverse_indices=(keys, torch.arange(stride).expand(len(keys), stride).contiguous()),
+    )
+
+
+def dedup_lookups(
+    sharding: str, sequences: Sequence[Sequence[str]], num_requests: int = 8, items_per_request: int = 64,
+    repeats: int = 20,
+) -> list[list[dict[str, Any]]]:
+    """Runs on every rank: for each sequence, a fresh sharded EBC with ``t_user`` and ``t_item`` (1,000 x 32
+    each, `sharding` "table_wise" or "row_wise", the same weights every time) fed this rank's requests as the
+    batches the sequence names, in order: "flat", "deduplicated", or "flat as variable batch"
+    (:func:`as_variable_batch`).
+
+    For each batch: ``output`` (the pooled ``[rows, 64]`` values), the bytes its collectives moved on this
+    rank (``id_bytes``: ids and lengths; ``embedding_bytes``) and the mean ``ms`` of `repeats` more lookups;
+    or ``error``, the first line of what it raised.
+    """
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import row_wise, table_wise
+    from torchrec.distributed.types import ShardingPlan
+
+    from course_lib import planning
+
+    torch.set_num_threads(1)
+    world_size = dist.get_world_size()
+    tables = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=32, num_embeddings=1000, feature_names=[f])
+              for f in ("user", "item")]
+    flat, deduplicated = request_batches(*ranking_requests(num_requests, items_per_request, seed=dist.get_rank()))
+    batches = {"flat": flat, "deduplicated": deduplicated, "flat as variable batch": as_variable_batch(flat)}
+    results = []
+    for sequence in sequences:
+        ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        per_table = {t.name: table_wise(rank=i % world_size, compute_kernel="fused") if sharding == "table_wise"
+                     else row_wise(compute_kernel="fused") for i, t in enumerate(tables)}
+        plan = ShardingPlan({"": planning.module_plan(ebc, per_table, world_size=world_size)})
+        torch.manual_seed(0)
+        model = DistributedModelParallel(ebc, device=training.device(), plan=plan)
+        found: list[dict[str, Any]] = []
+        for kind in sequence:
+            batch = batches[kind]
+            try:
+                with torch.no_grad(), trace.collectives() as recorded:
+                    output = model(batch).wait().values().clone()
+                start = time.perf_counter()
+                with torch.no_grad():
+                    for _ in range(repeats):
+                        model(batch).wait()
+                found.append({
+                    "kind": kind, "output": output, "ms": (time.perf_counter() - start) / repeats * 1000,
+                    "id_bytes": sum(r.bytes_in for r in recorded.records if "int" in r.dtype),
+                    "embedding_bytes": sum(r.bytes_in for r in recorded.records if "int" not in r.dtype),
+                })
+            except Exception as error:  # noqa: BLE001 - the lab shows what a batch of the wrong kind raises
+                text = str(error).strip()
+                found.append({"kind": kind, "error": f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"})
+            dist.barrier()
+        results.append(found)
+    return results
+
+
 # ------------------------------------------------------------------------------------------------ serving
 
 
@@ -294,3 +411,83 @@ def predict(model: nn.Module, split: data.ClickSplit, batch_size: int = 4096) ->
         logits.append(batch_logits.float())
     scores = torch.cat(logits)
     return scores, data.auc(scores, split.labels)
+
+
+# --------------------------------------------------------------------------------- a served artifact
+
+SERVING_SCRIPT = r"""
+import json, sys, time
+import torch
+import fbgemm_gpu  # noqa: F401  registers fbgemm's embedding operators with torch
+
+torch.set_num_threads(1)
+artifact, requests, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model = torch.jit.load(artifact)
+report = {}
+for size, (dense, values, lengths) in torch.load(requests).items():
+    with torch.no_grad():
+        scores = model(dense, values, lengths)
+        for _ in range(5):
+            model(dense, values, lengths)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(dense, values, lengths)
+            times.append(time.perf_counter() - start)
+    times.sort()
+    report[size] = {"p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[min(len(times) - 1, int(len(times) * 0.99))],
+                    "rows_per_s": size * repeats / sum(times), "first_scores": scores[:3].tolist()}
+print(json.dumps({"modules": sorted(m.split(".")[0] for m in sys.modules if m.startswith(("torchrec", "course_lib"))), "report": report}))
+"""
+
+
+class ServingModule(nn.Module):
+    """A DLRM behind plain tensors: ``forward(dense, values, lengths)`` builds the KeyedJaggedTensor itself
+    (keys in `keys` order, one length per key and row) and returns click probabilities, so a server needs
+    no torchrec object to call it."""
+
+    def __init__(self, dlrm: nn.Module, keys: list[str]) -> None:
+        super().__init__()
+        self.dlrm = dlrm
+        self.keys = keys
+
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        features = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths)
+        return torch.sigmoid(self.dlrm(dense, features)).squeeze(-1)
+
+
+def export_for_serving(model: nn.Module, keys: Sequence[str], path: str) -> str:
+    """Script `model` (a DLRMTrain, fp32 or quantized) for serving: torchrec's FX tracer over its DLRM (which
+    leaves the KeyedJaggedTensor's methods as calls), then ``torch.jit.script``; saved to `path`."""
+    from torchrec.fx import symbolic_trace
+
+    import warnings
+
+    traced = symbolic_trace(copy.deepcopy(model.model).eval())
+    with warnings.catch_warnings():  # fbgemm's quantized dtypes in annotations: scripting treats them as Tensor
+        warnings.filterwarnings("ignore", message="TorchScript will treat type annotations")
+        torch.jit.script(ServingModule(traced, list(keys))).save(path)
+    return path
+
+
+def write_requests(split: data.ClickSplit, sizes: Sequence[int], path: str) -> str:
+    """One request per batch size, from the start of `split`, as the plain tensors ``ServingModule`` takes."""
+    requests = {}
+    for size in sizes:
+        batch = split.batch(0, size)
+        requests[size] = (batch.dense_features, batch.sparse_features.values(), batch.sparse_features.lengths())
+    torch.save(requests, path)
+    return path
+
+
+def serve_in_another_process(artifact: str, requests: str, repeats: int = 200) -> dict[str, Any]:
+    """Run ``SERVING_SCRIPT`` in a fresh ``python -c`` process (torch and fbgemm_gpu only): it loads the
+    artifact, answers each request `repeats` times, and reports latency percentiles, throughput, the first
+    scores and which torchrec or course_lib modules it ended up importing."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SERVING_SCRIPT, artifact, requests, str(repeats)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -54,3 +54,38 @@ def test_fp16_tables_halve_the_weights_not_the_optimizer_state():
     assert 0.5 < fp16["auc"] < 1 and fp16["nan_step"] is None
     pooled = {r.dtype for r in comms["records"] if r.op == "all_to_all" and "int" not in r.dtype}
     assert pooled == {"float16"}
+
+
+def test_request_batches_send_each_user_once_and_expand_to_the_flat_rows():
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    users, items = cheaper.ranking_requests(3, 4, num_users=10, num_items=10, seed=1)
+    flat, deduplicated = cheaper.request_batches(users, items)
+    assert deduplicated.stride_per_key() == [3, 12] and flat.stride() == 12
+    assert torch.equal(deduplicated["user"].values(), users)
+    inverse = deduplicated.inverse_indices()[1]
+    assert torch.equal(deduplicated["user"].values()[inverse[0]], flat["user"].values())
+    variable = cheaper.as_variable_batch(flat)
+    assert variable.stride_per_key() == [12, 12] and torch.equal(variable.values(), flat.values())
+
+
+def test_an_exported_model_answers_in_a_process_without_torchrec(tmp_path):
+    log = data.make_click_log(data.ClickLogConfig(num_train=2_000, num_test=600))
+    model = cheaper.train_reference(log, epochs=1)
+    quantized = cheaper.quantize(model, {t.name: "INT8" for t in log.config.tables()})
+    artifact = cheaper.export_for_serving(quantized, list(data.SPARSE_FEATURES), str(tmp_path / "m.pt"))
+    requests = cheaper.write_requests(log.test, (1, 8), str(tmp_path / "r.pt"))
+    answer = cheaper.serve_in_another_process(artifact, requests, repeats=5)
+    logits, _ = cheaper.predict(quantized, log.test)
+    assert answer["modules"] == []
+    assert torch.allclose(torch.tensor(answer["report"]["8"]["first_scores"]), torch.sigmoid(logits[:3]))
+    assert set(answer["report"]) == {"1", "8"} and answer["report"]["8"]["p99_ms"] >= answer["report"]["8"]["p50_ms"]
+
+
+def test_row_wise_after_a_variable_batch_takes_only_variable_batches():
+    sequence = ["deduplicated", "flat", "flat as variable batch"]
+    (steps,) = launch(cheaper.dedup_lookups, "row_wise", [sequence], num_requests=2, items_per_request=4, repeats=1,
+                      world_size=2, show_ranks=[])[0]
+    dedup, flat, variable = steps
+    assert "input_splits" in flat["error"]
+    assert torch.equal(dedup["output"], variable["output"]) and dedup["output"].shape == (8, 64)
