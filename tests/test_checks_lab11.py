@@ -176,3 +176,86 @@ def test_precision_choice_passes_the_solution(served, capsys):
 def test_precision_choice_rejects(served, wrong, match):
     model, log = served
     rejects(lab11.check_precision_choice, wrong, model, log, (20_000, 30_000), 0.004, match=match)
+
+
+# ------------------------------------------------------------------------------------------ exercise 4: dedup
+
+
+def good_deduplicate(users, items):
+    from torchrec import KeyedJaggedTensor
+
+    distinct, inverse = torch.unique(users, return_inverse=True)
+    per_request = len(items) // len(users)
+    return KeyedJaggedTensor(
+        keys=["user", "item"], values=torch.cat([distinct, items]),
+        lengths=torch.ones(len(distinct) + len(items), dtype=torch.long),
+        stride_per_key_per_rank=[[len(distinct)], [len(items)]],
+        inverse_indices=(["user", "item"], torch.stack([inverse.repeat_interleave(per_request), torch.arange(len(items))])),
+    )
+
+
+def test_deduplicate_passes_the_solution(capsys):
+    lab11.check_deduplicate(good_deduplicate)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_deduplicate_rejects_per_request_dedup():
+    rejects(lab11.check_deduplicate, lambda u, i: cheaper.request_batches(u, i)[1], match="torch.unique")
+
+
+def test_deduplicate_rejects_a_flat_batch():
+    rejects(lab11.check_deduplicate, lambda u, i: cheaper.request_batches(u, i)[0], match="flat batch")
+
+
+def test_deduplicate_rejects_inverse_indices_in_request_order():
+    from torchrec import KeyedJaggedTensor
+
+    def wrong(users, items):  # distinct users sent, but rows point at request numbers, not at the distinct users
+        distinct = torch.unique(users)
+        per_request = len(items) // len(users)
+        rows = torch.arange(len(users)).clamp(max=len(distinct) - 1).repeat_interleave(per_request)
+        return KeyedJaggedTensor(
+            keys=["user", "item"], values=torch.cat([distinct, items]),
+            lengths=torch.ones(len(distinct) + len(items), dtype=torch.long),
+            stride_per_key_per_rank=[[len(distinct)], [len(items)]],
+            inverse_indices=(["user", "item"], torch.stack([rows, torch.arange(len(items))])),
+        )
+
+    rejects(lab11.check_deduplicate, wrong, match="differs from the flat batch")
+
+
+def test_deduplicate_rejects_missing_inverse_indices():
+    from torchrec import KeyedJaggedTensor
+
+    def wrong(users, items):
+        distinct = torch.unique(users)
+        return KeyedJaggedTensor(keys=["user", "item"], values=torch.cat([distinct, items]),
+                                 lengths=torch.ones(len(distinct) + len(items), dtype=torch.long),
+                                 stride_per_key_per_rank=[[len(distinct)], [len(items)]])
+
+    rejects(lab11.check_deduplicate, wrong, match="no inverse_indices")
+
+
+def test_deduplicate_rejects_items_in_the_wrong_order():
+    def wrong(users, items):
+        kjt = good_deduplicate(users, items)
+        keys, inverse = kjt.inverse_indices()
+        from torchrec import KeyedJaggedTensor
+
+        return KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
+                                 stride_per_key_per_rank=kjt.stride_per_key_per_rank(),
+                                 inverse_indices=(keys, torch.stack([inverse[0], inverse[1].flip(0)])))
+
+    rejects(lab11.check_deduplicate, wrong, match="differs from the flat batch")
+
+
+def test_deduplicate_rejects_swapped_keys():
+    from torchrec import KeyedJaggedTensor
+
+    def wrong(users, items):
+        kjt = good_deduplicate(users, items)
+        return KeyedJaggedTensor(keys=["item", "user"], values=kjt.values(), lengths=kjt.lengths(),
+                                 stride_per_key_per_rank=kjt.stride_per_key_per_rank(),
+                                 inverse_indices=(["item", "user"], kjt.inverse_indices()[1]))
+
+    rejects(lab11.check_deduplicate, wrong, match="in that order")

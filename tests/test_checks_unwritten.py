@@ -82,6 +82,7 @@ CASES = {
     "10 info_nce": (lab10.check_info_nce, [stub("info_nce")], "info_nce"),
     "11 qcomm_sharder": (lab11.check_qcomm_sharder, [stub("qcomm_sharder")], "qcomm_sharder"),
     "11 serving_row_bytes": (lab11.check_serving_row_bytes, [stub("serving_row_bytes")], "serving_row_bytes"),
+    "11 deduplicate": (lab11.check_deduplicate, [stub("deduplicate")], "deduplicate"),
     "11 precision_choice": (lab11.check_precision_choice, [stub("choose_precisions"), None, None, (20_000,), 0.004],
                             "choose_precisions"),
 }

@@ -191,3 +191,71 @@ def check_precision_choice(
                  "the table of one INT2 table at a time shows which tables INT2 hurts least per byte it saves")
         lines.append(f"{budget:,} B: {summary} = {used:,} B, AUC {auc:.4f} ({auc - reference:+.4f})")
     passed("within budget and margin: " + "; ".join(lines))
+
+
+# ------------------------------------------------------------------------------------------ exercise 4
+
+
+def _dedup_cases() -> list[tuple[str, Any, Any]]:
+    """(what the case is, users, items): hand cases with users repeated across requests, then a random one."""
+    import torch
+
+    g = torch.Generator().manual_seed(11)
+    return [
+        ("user 3 makes two of three requests", torch.tensor([3, 3, 7]), torch.randint(0, 50, (12,), generator=g)),
+        ("one request", torch.tensor([5]), torch.randint(0, 50, (6,), generator=g)),
+        ("users 1 and 2 twice each, not side by side", torch.tensor([1, 2, 1, 2, 9]), torch.randint(0, 50, (10,), generator=g)),
+        ("40 requests from 9 users, 5 items each", torch.randint(0, 9, (40,), generator=g), torch.randint(0, 50, (200,), generator=g)),
+    ]
+
+
+@exercise
+def check_deduplicate(deduplicate: Callable[[Any, Any], Any]) -> None:
+    """`deduplicate(users, items)` returns a variable-batch KeyedJaggedTensor (keys "user", "item") that sends
+    each distinct user of the batch once and each item row once, with ``inverse_indices`` that expand it
+    to the flat batch: one row per (request's user, item).
+
+    The check builds each case's flat batch, pools both through the same unsharded EmbeddingBagCollection,
+    and compares; it also counts the user ids sent.
+    """
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=4, num_embeddings=50, feature_names=[f]) for f in ("user", "item")
+    ])
+    for what, users, items in _dedup_cases():
+        flat, _ = cheaper.request_batches(users, items)
+        try:
+            kjt = deduplicate(users.clone(), items.clone())
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"deduplicate raised {one_line(error)} ({what})",
+                 "KeyedJaggedTensor(keys=..., values=..., lengths=..., stride_per_key_per_rank=..., inverse_indices=...)")
+        if not isinstance(kjt, KeyedJaggedTensor):
+            fail(f"deduplicate returned a {type(kjt).__name__}, not a KeyedJaggedTensor")
+        if kjt.keys() != ["user", "item"]:
+            fail(f"keys {kjt.keys()}; the model's features are ['user', 'item'] in that order")
+        if not kjt.variable_stride_per_key():
+            fail(f"one stride for every key ({what}): that is a flat batch, every user sent once per item",
+                 "stride_per_key_per_rank=[[number of users sent], [number of items]]")
+        if kjt.inverse_indices_or_none() is None:
+            fail("no inverse_indices: nothing says which user row each output row reads",
+                 "inverse_indices=(keys, a [2, rows] tensor: the user row and the item row of each output row)")
+        distinct = int(users.unique().numel())
+        sent = kjt.stride_per_key()[0]
+        if sent != distinct:
+            hint = ("each request's user is sent once, but a user with several requests in the batch is sent several "
+                    "times: deduplicate over the batch (torch.unique(users, return_inverse=True))"
+                    if sent == len(users) else "send each distinct user of the batch exactly once")
+            fail(f"{what}: {sent} user ids sent for {distinct} distinct users", hint)
+        try:
+            got, want = ebc(kjt).values(), ebc(flat).values()
+        except Exception as error:
+            fail(f"{what}: pooling your batch raised {one_line(error)}",
+                 "lengths: one per row, all of user's rows first, then item's (key-major); one id per row here")
+        if got.shape != want.shape or not torch.equal(got, want):
+            fail(f"{what}: the expanded output differs from the flat batch's",
+                 "inverse_indices[1][0][r] must be the position, among the users you send, of request r // items_per_request's user")
+    passed(f"deduplicate sends each distinct user once and expands to the flat batch exactly ({len(_dedup_cases())} cases)")
