@@ -5,6 +5,8 @@
     model = cheaper.train_reference(log)                          # an unsharded fp32 DLRM to serve
     served = cheaper.quantize(model, {"t_user": "INT4", ...})      # torchrec's quantized inference modules
     cheaper.serving_bytes(served)                                 # bytes each table really takes
+    flat, deduplicated = cheaper.request_batches(users, items)    # the same requests, each user once (VBE)
+    path = cheaper.export_for_serving(served, keys, "m.pt")       # scripted; SERVING_SCRIPT loads it elsewhere
 
 Training variants shard torchrec's DLRM (``models.click_dlrm``) with a hand-written plan, a fused row-wise
 Adagrad and, optionally, quantized communication (``QCommsConfig``). Each report holds this rank's bytes of
