@@ -8,7 +8,7 @@ import cloudpickle
 import pytest
 
 from course_lib import LaunchError, launch
-from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, lab12
+from course_lib.checks import CheckFailed, exercise, lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, lab11, lab12
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -100,6 +100,11 @@ CASES = {
     "10 table_choice": (lab10.check_table_choice, [stub("choose_table"), None, 12 * 1024, 0.01], "choose_table"),
     "10 shard_of": (lab10.check_shard_of, [stub("shard_of")], "shard_of"),
     "10 info_nce": (lab10.check_info_nce, [stub("info_nce")], "info_nce"),
+    "11 qcomm_sharder": (lab11.check_qcomm_sharder, [stub("qcomm_sharder")], "qcomm_sharder"),
+    "11 serving_row_bytes": (lab11.check_serving_row_bytes, [stub("serving_row_bytes")], "serving_row_bytes"),
+    "11 deduplicate": (lab11.check_deduplicate, [stub("deduplicate")], "deduplicate"),
+    "11 precision_choice": (lab11.check_precision_choice, [stub("choose_precisions"), None, None, (20_000,), 0.004],
+                            "choose_precisions"),
     "12 block_plan": (lab12.check_block_plan, [stub("block_plan")], "block_plan"),
     "12 bytes_per_rank": (lab12.check_bytes_per_rank, [stub("bytes_per_rank")], "bytes_per_rank"),
     "12 choose_mesh": (lab12.check_choose_mesh, [stub("choose_mesh")], "choose_mesh"),
