@@ -17,6 +17,8 @@ _FILTERS: list[tuple[str, type[Warning], str]] = [
     (r".*", UserWarning, r"torchrec\.distributed\.(planner|embedding_sharding|types)(\..*)?"),
     # torchmetrics 1.0.3 (the version torchrec 1.8 declares) compares versions with distutils on import.
     (r"distutils Version classes are deprecated.*", DeprecationWarning, r"torchmetrics(\..*)?"),
+    # torchrec's quantized inference modules (lab 11) call torch.ao.quantization, which torch marks deprecated.
+    (r"torch\.ao\.quantization is deprecated.*", DeprecationWarning, r""),
     # fbgemm_gpu announces optional kernels that the CPU build lacks.
     (r".*", UserWarning, r"fbgemm_gpu(\..*)?"),
     # TypedStorage deprecation surfaces through torch internals in ShardedTensor code.
