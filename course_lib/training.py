@@ -39,6 +39,7 @@ __all__ = [
     "predict",
     "replica_spread",
     "require_pipelined",
+    "semi_sync_attempt",
     "sharders",
     "sharding_types",
     "step_collectives",
@@ -326,3 +327,32 @@ def step_collectives(model: nn.Module, step: Callable[[], Any]) -> list[dict[str
         {"issued": r.phase, "collective": r.op, "dtype": r.dtype, "elements": sum(math.prod(s) for s in r.in_shapes)}
         for r in log.records
     ]
+
+
+def semi_sync_attempt(steps: int = 3, batch_size: int = 256) -> str:
+    """Run on every rank: drive the lab's DLRM with torchrec's ``TrainPipelineSemiSync`` for a few steps.
+
+    Returns ``"ran"`` or the first line of the error (on CPU: ``RuntimeError: unknown parameter type``, from
+    ``record_stream`` on a stream that CPUs do not have). Lab 12 shows it.
+    """
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
+
+    from course_lib import models
+
+    config = data.ClickLogConfig(num_train=4_000, num_test=200)
+    log = data.make_click_log(config)
+    model = models.click_dlrm(config.tables(16), config.num_dense, device="meta")
+    plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
+        model, sharders(), dist.GroupMember.WORLD
+    )
+    dmp = DistributedModelParallel(model, device=device(), plan=plan, sharders=sharders())
+    pipeline = TrainPipelineSemiSync(dmp, optimizer(dmp), device(), start_batch=0)
+    batches = data.batches(log.train, batch_size, dist.get_rank(), dist.get_world_size())
+    try:
+        for _ in range(steps):
+            pipeline.progress(batches)
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    return "ran"

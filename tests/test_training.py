@@ -172,3 +172,8 @@ def test_model_plan_is_the_hand_plan_of_the_models_tables_at_the_ebcs_path(log):
     assert dict(plan.plan["model.sparse_arch.embedding_bag_collection"]) == dict(by_hand.plan[""])
     with pytest.raises(ValueError, match=r"missing \['t_item', 't_terms'\], unknown \['t_other'\]"):
         training.model_plan(model, {"t_user": row_wise(), "t_category": data_parallel(), "t_other": row_wise()}, world_size=2)
+
+
+def test_semi_sync_pipeline_refuses_to_run_on_cpu_streams():
+    # TorchRec 1.8's TrainPipelineSemiSync calls record_stream on CUDA streams that CPUs do not have
+    assert launch(training.semi_sync_attempt, world_size=2, show_ranks=[]) == ["RuntimeError: unknown parameter type"] * 2
