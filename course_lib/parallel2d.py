@@ -26,6 +26,7 @@ __all__ = [
     "apply_2d",
     "param_bytes",
     "sequence_lookup",
+    "sharding_group_estimates",
     "tp_plan",
     "train_2d",
 ]
@@ -304,3 +305,36 @@ def activation_report(checkpointing: bool, seq_len: int = 256, batch: int = 4, d
         "grad_diff": grad_diff,
         "param_device": str(next(model.parameters()).device),
     }
+
+
+def sharding_group_estimates(world_sizes: tuple[int, ...] = (64, 8), ranks_per_host: int = 8,
+                             hbm_gib: float = 80) -> list[dict[str, Any]]:
+    """The planner's own estimates for one set of tables (5 x 10M and 5 x 1M rows, 128 wide) sharded over
+    each of ``world_sizes`` GPUs (hosts of ``ranks_per_host``): plain DMP over the whole cluster against one
+    DMPCollection sharding group. Per plan: the largest HBM per rank (GiB), the busiest rank's embedding
+    communication (ms per step, forward + backward) and the sharding types the planner chose. Plans only:
+    nothing is allocated, no GPU is needed."""
+    from torchrec import EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from course_lib import planning
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=rows, feature_names=[f"f{i}"])
+              for i, rows in enumerate([10_000_000] * 5 + [1_000_000] * 5)]
+    rows = []
+    for world in world_sizes:
+        topology = planning.topology(world, local_world_size=min(ranks_per_host, world), compute_device="cuda",
+                                     hbm_cap_bytes=int(hbm_gib * 2**30))
+        estimates = planning.Estimates()
+        EmbeddingShardingPlanner(topology=topology, callbacks=[estimates]).plan(
+            planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
+        hbm, comms = [0.0] * world, [0.0] * world
+        for option in estimates.options:
+            for shard in option.shards:
+                hbm[shard.rank] += shard.storage.hbm / 2**30
+                comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
+        rows.append({"GPUs": world, "hosts": max(1, world // ranks_per_host), "max HBM GiB per rank": max(hbm),
+                     "busiest rank's comms ms": max(comms),
+                     "sharding types": ", ".join(sorted({o.sharding_type for o in estimates.options}))})
+    return rows

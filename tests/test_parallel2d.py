@@ -30,3 +30,10 @@ def test_cpu_offload_needs_unpinned_memory_on_cpu():
     assert "accelerator" in pinned["error"]
     unpinned = launch(parallel2d.activation_report, False, offload="unpinned", world_size=2, show_ranks=[])[0]
     assert unpinned["param_device"] == "cpu" and unpinned["grad_diff"] < 1e-6
+
+
+def test_the_planner_prices_a_host_sized_sharding_group_cheaper_in_comms_and_dearer_in_memory():
+    cluster, group = parallel2d.sharding_group_estimates((64, 8))
+    assert (cluster["GPUs"], cluster["hosts"], group["GPUs"], group["hosts"]) == (64, 8, 8, 1)
+    assert group["max HBM GiB per rank"] > 4 * cluster["max HBM GiB per rank"]
+    assert group["busiest rank's comms ms"] < cluster["busiest rank's comms ms"] / 10
