@@ -136,7 +136,11 @@ def miss_row(module: nn.Module, feature: str) -> int | None:
 
 def resident_ids(module: nn.Module, feature: str) -> dict[int, int]:
     """``{raw id: row}`` of the ids a managed-collision table holds now."""
-    mch = _mch(module, feature)
+    return _map_of(_mch(module, feature))
+
+
+def _map_of(mch: Any) -> dict[int, int]:
+    """``{raw id: row}`` held by one ``MCHManagedCollisionModule`` (empty slots hold int64's max)."""
     ids, rows = mch._mch_sorted_raw_ids, mch._mch_remapped_ids_mapping
     keep = ids != torch.iinfo(torch.int64).max
     return dict(zip(ids[keep].tolist(), rows[keep].tolist()))
@@ -305,12 +309,10 @@ def sharded_residents(
         model(_kjt(feature, step[rank]))
     local = model.module if hasattr(model, "module") else model._dmp_wrapped_module
     mch = next(iter(local._managed_collision_collection._managed_collision_modules.values()))
-    ids, mapping = mch._mch_sorted_raw_ids, mch._mch_remapped_ids_mapping
-    keep = ids != torch.iinfo(torch.int64).max
     return {
         "module": type(local).__name__,
         "rows": (int(mch._output_global_offset), int(mch._output_global_offset + mch._zch_size)),
-        "residents": dict(zip(ids[keep].tolist(), mapping[keep].tolist())),
+        "residents": _map_of(mch),
     }
 
 

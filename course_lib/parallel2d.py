@@ -329,11 +329,7 @@ def sharding_group_estimates(world_sizes: tuple[int, ...] = (64, 8), ranks_per_h
         estimates = planning.Estimates()
         EmbeddingShardingPlanner(topology=topology, callbacks=[estimates]).plan(
             planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
-        hbm, comms = [0.0] * world, [0.0] * world
-        for option in estimates.options:
-            for shard in option.shards:
-                hbm[shard.rank] += shard.storage.hbm / 2**30
-                comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
+        hbm, comms = estimates.per_rank(world)
         rows.append({"GPUs": world, "hosts": max(1, world // ranks_per_host), "max HBM GiB per rank": max(hbm),
                      "busiest rank's comms ms": max(comms),
                      "sharding types": ", ".join(sorted({o.sharding_type for o in estimates.options}))})

@@ -240,6 +240,15 @@ class Estimates:
         self.options = list(best_plan)
         return best_plan
 
+    def per_rank(self, world_size: int) -> tuple[list[float], list[float]]:
+        """``(HBM GiB, communication ms per step)`` of each rank: its shards' storage and forward + backward comms."""
+        hbm, comms = [0.0] * world_size, [0.0] * world_size
+        for option in self.options:
+            for shard in option.shards:
+                hbm[shard.rank] += shard.storage.hbm / 2**30
+                comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
+        return hbm, comms
+
     def table(self) -> "pandas.DataFrame":
         """One row per shard the planner placed: table, sharding type, rank, est. ms per step, est. KiB."""
         import pandas as pd

@@ -12,6 +12,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def rejects(check, *args, match: str) -> str:
+    """Assert that an exercise check fails on ``args`` with a message containing ``match``; return the message."""
+    from course_lib.checks import CheckFailed
+
+    with pytest.raises(CheckFailed) as failure:
+        check(*args)
+    assert match in str(failure.value), str(failure.value)
+    return str(failure.value)
+
+
 @dataclass
 class CellRun:
     """What one executed cell produced, as the notebook would show it."""

@@ -6,18 +6,14 @@ import sys
 import cloudpickle
 import pytest
 import torch
+import torch.nn.functional as F
 
 from course_lib import data
-from course_lib.checks import CheckFailed, lab10
+from course_lib.checks import lab10
+
+from conftest import rejects
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def rejects(check, *args, match: str) -> str:
-    with pytest.raises(CheckFailed) as failure:
-        check(*args)
-    assert match in str(failure.value), str(failure.value)
-    return str(failure.value)
 
 
 # ------------------------------------------------------------------------------------------ exercise 1
@@ -175,7 +171,6 @@ def test_shard_of_rejects(answer, reason):
 
 # ------------------------------------------------------------------------------------------ exercise 4
 
-import torch.nn.functional as F  # noqa: E402
 
 
 def good_info_nce(a, b, t):

@@ -5,14 +5,9 @@ import pytest
 import torch
 
 from course_lib import cheaper, data
-from course_lib.checks import CheckFailed, lab11
+from course_lib.checks import lab11
 
-
-def rejects(check, *args, match: str) -> str:
-    with pytest.raises(CheckFailed) as failure:
-        check(*args)
-    assert match in str(failure.value), str(failure.value)
-    return str(failure.value)
+from conftest import rejects
 
 
 # ------------------------------------------------------------------------------------------ exercise 1: row bytes

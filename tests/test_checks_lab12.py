@@ -5,19 +5,16 @@ import sys
 
 import cloudpickle
 import pytest
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course_lib import parallel2d
-from course_lib.checks import CheckFailed, lab12
+from course_lib.checks import lab12
+
+from conftest import rejects
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def rejects(check, *args, match: str) -> str:
-    with pytest.raises(CheckFailed) as failure:
-        check(*args)
-    assert match in str(failure.value), str(failure.value)
-    return str(failure.value)
 
 
 # ------------------------------------------------------------------------------------------ exercise 1
@@ -191,8 +188,6 @@ def test_choose_mesh_rejects(answer, reason):
 
 # ------------------------------------------------------------------------------------------ exercise 4
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 
 def _cos(q, c):

@@ -100,12 +100,7 @@ def plan_estimates(constraints: dict[str, Any] | None, hbm_cap_gib: float = PLAN
     estimates = planning.Estimates()
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints or None, callbacks=[estimates])
     planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
-    hbm = [0.0] * WORLD_SIZE
-    comms = [0.0] * WORLD_SIZE
-    for option in estimates.options:
-        for shard in option.shards:
-            hbm[shard.rank] += shard.storage.hbm / 2**30
-            comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
+    hbm, comms = estimates.per_rank(WORLD_SIZE)
     return {
         "max HBM GiB": max(hbm), "max comms ms": max(comms), "HBM GiB per rank": hbm, "comms ms per rank": comms,
         "tables": {option.name: (option.sharding_type, option.compute_kernel) for option in estimates.options},

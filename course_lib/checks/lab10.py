@@ -86,7 +86,7 @@ def table_bytes(rows: int) -> int:
     return rows * BYTES_PER_ROW
 
 
-_EXACT_CACHE: dict[int, tuple[float, list[float]]] = {}
+_EXACT_CACHE: dict[data.DriftConfig, tuple[float, list[float]]] = {}
 
 
 def mean_auc(log: data.DriftingLog, rows: int | Mapping[str, int], policy: str) -> tuple[float, list[float]]:
@@ -106,7 +106,7 @@ def mean_auc(log: data.DriftingLog, rows: int | Mapping[str, int], policy: str) 
 
 def exact_mean_auc(log: data.DriftingLog) -> float:
     """Mean AUC with tables that have a row for every id the log ever shows (no eviction, no collision)."""
-    key = id(log)
+    key = log.config  # a config always generates the same log
     if key not in _EXACT_CACHE:
         rows = {f: log.vocabulary(f) + 1 for f in ("user", "item")}
         _EXACT_CACHE[key] = mean_auc(log, rows, "lru")
