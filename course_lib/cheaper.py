@@ -472,6 +472,22 @@ def export_for_serving(model: nn.Module, keys: Sequence[str], path: str) -> str:
     return path
 
 
+def artifact_bytes(path: str) -> dict[str, int]:
+    """Bytes, uncompressed, of what a ``torch.jit.save`` archive at `path` holds: ``tensors`` (the ``data/``
+    records: weights and buffers), ``code`` (the scripted code and the pickled module structure) and
+    ``debug`` (the ``.debug_pkl`` source ranges, which record the absolute paths of the source files, so
+    their size depends on where Python and its packages are installed; the file's size on disk does too)."""
+    import zipfile
+
+    sizes = {"tensors": 0, "code": 0, "debug": 0}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name = info.filename.split("/", 1)[-1]
+            kind = "debug" if name.endswith(".debug_pkl") else "tensors" if name.startswith("data/") else "code"
+            sizes[kind] += info.file_size
+    return sizes
+
+
 def write_requests(split: data.ClickSplit, sizes: Sequence[int], path: str) -> str:
     """One request per batch size, from the start of `split`, as the plain tensors ``ServingModule`` takes."""
     requests = {}

@@ -80,6 +80,10 @@ def test_an_exported_model_answers_in_a_process_without_torchrec(tmp_path):
     assert answer["modules"] == []
     assert torch.allclose(torch.tensor(answer["report"]["8"]["first_scores"]), torch.sigmoid(logits[:3]))
     assert set(answer["report"]) == {"1", "8"} and answer["report"]["8"]["p99_ms"] >= answer["report"]["8"]["p50_ms"]
+    full = cheaper.artifact_bytes(cheaper.export_for_serving(model, list(data.SPARSE_FEATURES), str(tmp_path / "f.pt")))
+    small = cheaper.artifact_bytes(artifact)
+    table_bytes = sum(t.num_embeddings * t.embedding_dim * 4 for t in log.config.tables(cheaper.TABLE_DIM))
+    assert full["tensors"] > table_bytes > small["tensors"] and full["debug"] > 0
 
 
 def test_row_wise_after_a_variable_batch_takes_only_variable_batches():
