@@ -10,6 +10,8 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from course_lib import planning
 from course_lib.checks import CheckFailed, lab03
 
+from conftest import rejects
+
 TABLES = lab03.TABLES
 CLUSTER = planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 1024**3)
 
@@ -217,3 +219,60 @@ def test_a_second_function_still_unwritten_is_named():
         lab03.check_steering(SOLUTION, unwritten)
     with pytest.raises(CheckFailed, match="shard_rows is not written yet"):
         lab03.check_row_wise(row_wise_item_plan, unwritten)
+
+
+# ------------------------------------------------------------------ more wrong answers (adversarial review)
+
+
+def only_the_item_table(topology):  # plans part of the model: the other tables would be in no plan
+    planner = EmbeddingShardingPlanner(topology=topology, constraints={"item": ParameterConstraints(sharding_types=["row_wise"])})
+    return planner.plan(planning.meta_ebc([t for t in TABLES if t.name == "item"]), [EmbeddingBagCollectionSharder()])
+
+
+def test_row_wise_check_rejects_a_plan_of_part_of_the_model():
+    rejects(lab03.check_row_wise, only_the_item_table, shard_rows, match="leaves out tables ['user', 'city', 'category']")
+
+
+def in_rank_order(plan, table):  # shard r holds the r-th block only by the planner's habit
+    shards = sorted(plan.plan[""][table].sharding_spec.shards, key=lambda shard: shard.placement.rank())
+    return [shard.shard_sizes[0] for shard in shards]
+
+
+def an_even_split(plan, table):  # worked out from the table's size instead of read from the plan
+    shards = plan.plan[""][table].sharding_spec.shards
+    total = sum(shard.shard_sizes[0] for shard in shards)
+    block = -(-total // len(shards))
+    return [min(block, total - i * block) for i in range(len(shards))]
+
+
+@pytest.mark.parametrize(
+    "reader, words",
+    [
+        (in_rank_order, "those are in rank order"),
+        (an_even_split, "an even split worked out from the table's size"),
+    ],
+)
+def test_row_wise_check_rejects_readings_that_hold_for_the_planners_cut_only(reader, words):
+    rejects(lab03.check_row_wise, row_wise_item_plan, reader, match=words)
+
+
+def first_and_last_rank(plan, ranks_per_host):  # right while a table spans at most 2 hosts
+    return {name: {s.ranks[0] // ranks_per_host, s.ranks[-1] // ranks_per_host} for name, s in plan.plan[""].items()}
+
+
+def data_parallel_on_hosts_0_and_1(plan, ranks_per_host):  # the lab's 2 hosts, typed in for the copies
+    return {
+        name: {0, 1} if s.sharding_spec is None else {shard.placement.rank() // ranks_per_host for shard in s.sharding_spec.shards}
+        for name, s in plan.plan[""].items()
+    }
+
+
+@pytest.mark.parametrize(
+    "reader, words",
+    [
+        (first_and_last_rank, "'item' is on hosts [0, 2], but it is on hosts [0, 1, 2]"),
+        (data_parallel_on_hosts_0_and_1, "a data_parallel table has a full copy on every rank"),
+    ],
+)
+def test_steering_check_reads_hosts_off_a_plan_on_3_hosts(reader, words):
+    rejects(lab03.check_steering, SOLUTION, reader, match=words)

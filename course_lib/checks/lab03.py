@@ -76,6 +76,12 @@ def _judge_row_wise(plan: Any, tables: Sequence[EmbeddingBagConfig], table: str,
         fail(f"cannot read the plan: {exc}")
     if not pieces:
         fail(f"the plan for {what} has no entry for table {table!r}", "plan the EBC of all the lab's tables (planning.meta_ebc(TABLES))")
+    missing = [t.name for t in tables if t.name not in planning._module_plan(plan)]
+    if missing:
+        fail(
+            f"the plan for {what} leaves out tables {missing}: a model with a table in no plan cannot be sharded",
+            f"plan the EBC of all the lab's tables (planning.meta_ebc(TABLES)) and constrain {table!r} only",
+        )
     kind = pieces[0].sharding_type
     if kind != "row_wise":
         hint = (
@@ -149,8 +155,16 @@ def _judge_shard_rows(shard_rows: Any, plan: Any, table: str, expected: list[int
     if given != expected:
         offsets = list(itertools.accumulate([0] + expected[:-1]))
         hint = f"sort plan.plan[''][{table!r}].sharding_spec.shards by shard_offsets[0] and take each shard_sizes[0]"
+        shards = plan.plan[""][table].sharding_spec.shards
+        by_rank = [s.shard_sizes[0] for s in sorted(shards, key=lambda s: s.placement.rank())]
+        block = -(-sum(expected) // len(expected))
+        even = [min(block, sum(expected) - i * block) for i in range(len(expected))]
         if given == offsets:
             hint = f"those are the shards' first rows (shard_offsets[0]); the sizes are shard_sizes[0]. {hint}"
+        elif given == by_rank:
+            hint = f"those are in rank order: shard r need not hold the r-th block of rows. {hint}"
+        elif given == even:
+            hint = f"that is an even split worked out from the table's size; read the sizes the plan gives. {hint}"
         elif sorted(given) == sorted(expected):
             hint = f"right sizes, wrong order: the plan lists shards in no promised order. {hint}"
         fail(f"shard_rows gave {given} on {what}, but the shards of {table!r} have {expected} rows (in row order)", hint)
@@ -182,7 +196,7 @@ def check_row_wise(
         ("the cluster (2 hosts x 4 GPUs)", planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
         ("a second topology (2 hosts x 3 GPUs)", planning.topology(6, local_world_size=3, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
     ]
-    found = []
+    found, planned = [], []
     for what, topology in topologies:
         try:
             plan = row_wise_item_plan(topology)
@@ -197,6 +211,23 @@ def check_row_wise(
         specs = shuffled.plan[""][table].sharding_spec.shards
         specs[:] = specs[len(specs) // 2 :][::-1] + specs[: len(specs) // 2]
         _judge_shard_rows(shard_rows, shuffled, table, expected, f"{what}, shards listed out of order")
+        planned.append((what, plan, expected))
+    for what, plan, expected in planned:
+        # The same shards on the ranks in reverse order, and a plan cut unevenly (as another planner may cut it):
+        # an answer that sorts by rank, or works the sizes out from the table's size, reads them wrong.
+        placed = copy.deepcopy(plan)
+        specs = placed.plan[""][table].sharding_spec.shards
+        for spec, placement in zip(specs, [s.placement for s in specs][::-1]):
+            spec.placement = placement
+        _judge_shard_rows(shard_rows, placed, table, expected, f"{what}, shards placed on the ranks in reverse order")
+        uneven = copy.deepcopy(plan)
+        specs = sorted(uneven.plan[""][table].sharding_spec.shards, key=lambda s: s.shard_offsets[0])
+        moved = specs[0].shard_sizes[0] // 4
+        specs[0].shard_sizes[0] -= moved
+        specs[1].shard_offsets[0] -= moved
+        specs[1].shard_sizes[0] += moved
+        uneven_rows = [expected[0] - moved, expected[1] + moved, *expected[2:]]
+        _judge_shard_rows(shard_rows, uneven, table, uneven_rows, f"{what}, cut unevenly ({uneven_rows[:2]} rows first)")
     config = next(t for t in tables if t.name == table)
     texts = []
     for rows in found:
@@ -255,7 +286,9 @@ def _judge_hosts_of(hosts_of: Any, plan: ShardingPlan, ranks_per_host: int, what
         if given != hosts:
             ranks = sorted(planning._module_plan(plan)[name].ranks or [])
             hint = f"{name!r} sits on ranks {ranks}; with {ranks_per_host} ranks per host, rank r is on host r // {ranks_per_host}"
-            if given == {r % ranks_per_host for r in ranks}:
+            if planning._module_plan(plan)[name].sharding_type == "data_parallel":
+                hint = f"a data_parallel table has a full copy on every rank, so on every host: {hint}"
+            elif given == {r % ranks_per_host for r in ranks}:
                 hint = f"rank % ranks_per_host is the rank's place inside its host (LOCAL_RANK), not its host: {hint}"
             elif given == set(ranks) and given != hosts:
                 hint = f"those are ranks, not hosts: {hint}"
@@ -344,6 +377,16 @@ def check_steering(
     _judge_hosts_of(hosts_of, fresh, 4, "the planner's own plan for 2 hosts x 4 GPUs")
     spread = steer_plan({table: ParameterConstraints(sharding_types=["row_wise"])}, tables)
     _judge_hosts_of(hosts_of, spread, per_host, f"a plan with {table!r} row-wise")
+    # 3 hosts: a row-wise table on a middle host too, and a data-parallel copy on every host, not just on 0 and 1.
+    smallest = min(tables, key=lambda t: t.num_embeddings).name
+    wide = EmbeddingShardingPlanner(
+        topology=planning.topology(6, local_world_size=2, compute_device="cuda", hbm_cap_bytes=16 * 2**30),
+        constraints={
+            table: ParameterConstraints(sharding_types=["row_wise"]),
+            smallest: ParameterConstraints(sharding_types=["data_parallel"]),
+        },
+    ).plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
+    _judge_hosts_of(hosts_of, wide, 2, f"a plan on 3 hosts x 2 GPUs ({table!r} row-wise, {smallest!r} data-parallel)")
     passed(
         f"{table!r} is {kinds[table]} on host {min(hosts[table])} only; the busiest rank holds "
         f"{_kib(totals[worst])} <= {_kib(budget_bytes)}; hosts_of reads this plan and two others right"
