@@ -7,6 +7,8 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 
 from course_lib.checks import CheckFailed, lab02
 
+from conftest import rejects
+
 # ------------------------------------------------------------------------------------------ exercise 1
 
 
@@ -392,3 +394,97 @@ def test_kjt_check_rejects_more_wrong_answers(wrong, words):
 def test_width_check_rejects_more_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab02.check_pooled_width(wrong)
+
+
+# ------------------------------------------------------------------ more wrong answers (adversarial review)
+
+
+def kjt_sorted_bags(samples, keys):  # sorts each bag's ids: a KJT keeps them in the order given
+    values, lengths = [], []
+    for key in keys:
+        for sample in samples:
+            values.extend(sorted(sample[key]))
+            lengths.append(len(sample[key]))
+    return KeyedJaggedTensor(keys=list(keys), values=torch.tensor(values, dtype=torch.long),
+                             lengths=torch.tensor(lengths, dtype=torch.long))
+
+
+def kjt_sorts_the_samples_in_place(samples, keys):  # mutates its input (and then reads it back)
+    for sample in samples:
+        for key in keys:
+            sample[key].sort()
+    return kjt_key_major(samples, keys)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (kjt_sorted_bags, "in another order: keep each bag's ids in the order the sample gives them"),
+        (kjt_sorts_the_samples_in_place, "changed the samples it was given"),
+    ],
+)
+def test_kjt_check_rejects_answers_that_reorder_or_change_the_samples(wrong, words):
+    rejects(lab02.check_kjt_from_samples, wrong, match=words)
+
+
+class ConcatenatedOnDim0(Fixed):  # [2B, 128] viewed as [B, 256]: a row holds two users, or two items
+    def forward(self, x):
+        return self.linear(torch.cat(list(self.ebc(x).to_dict().values()), dim=0).view(-1, 256))
+
+
+class StackedAndReshaped(Fixed):  # [2, B, 128] reshaped to [B, 256]: the same mix
+    def forward(self, x):
+        pooled = self.ebc(x).to_dict()
+        return self.linear(torch.stack([pooled["user_id"], pooled["item_id"]]).reshape(-1, 256))
+
+
+class AveragedOverTheBatch(Fixed):  # one vector for the whole batch, repeated: every sample gets one logit
+    def forward(self, x):
+        values = self.ebc(x).values()
+        return self.linear(values.mean(0, keepdim=True).expand(values.shape[0], -1))
+
+
+class LinearLeftUnused(Fixed):  # Linear(256, 1) defined, the output a sum of the features
+    def forward(self, x):
+        return self.ebc(x).values().sum(1, keepdim=True)
+
+
+class LinearRemoved(Fixed):
+    def __init__(self):
+        super().__init__()
+        del self.linear
+
+    def forward(self, x):
+        return self.ebc(x).values().sum(1, keepdim=True)
+
+
+class OneSharedTable(Fixed):  # rows x dim per feature unchanged, but user and item ids now share rows
+    def __init__(self):
+        super().__init__()
+        table = EmbeddingBagConfig(name="t_ids", embedding_dim=128, num_embeddings=10_000, feature_names=["user_id", "item_id"])
+        self.ebc = EmbeddingBagCollection(tables=[table], device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (ConcatenatedOnDim0, "the model mixes the samples of a batch"),
+        (StackedAndReshaped, "the model mixes the samples of a batch"),
+        (AveragedOverTheBatch, "the model mixes the samples of a batch"),
+        (LinearLeftUnused, "the Linear that takes 256 inputs gets no gradient"),
+        (LinearRemoved, "the model has no Linear layer"),
+        (OneSharedTable, "now share one table"),
+    ],
+)
+def test_model_check_rejects_answers_that_fit_the_shapes_but_change_the_model(wrong, words):
+    rejects(lab02.check_fixed_model, wrong, match=words)
+
+
+def two_tables_of_one_name(vocab_size, dim, budget_bytes):  # an EBC refuses them: the check says so
+    if 2 * vocab_size * dim * 4 <= budget_bytes:
+        return [EmbeddingBagConfig(name="t_word", num_embeddings=vocab_size, embedding_dim=dim, feature_names=[f]) for f in ("query", "title")]
+    return shared_table(vocab_size, dim, budget_bytes)
+
+
+def test_word_tables_check_reports_tables_an_ebc_refuses():
+    rejects(lab02.check_word_tables, two_tables_of_one_name, match="Duplicate table name t_word")

@@ -1,6 +1,7 @@
 """Checks for 02_embeddings: build a KJT from samples, compute an EBC's output width, fix SimpleRecModel."""
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Sequence
 
 import torch
@@ -12,14 +13,15 @@ from course_lib.checks import exercise, fail, passed
 
 
 def _batches() -> list[tuple[list[dict[str, list[int]]], list[str]]]:
-    """(samples, keys) pairs; the keys order differs from the samples' dict order on purpose."""
+    """(samples, keys) pairs; the keys order differs from the samples' dict order on purpose, and some bags
+    are not sorted (a KJT keeps each bag's ids in the order given)."""
     return [
-        ([{"user": [7], "items": [1, 3]}, {"user": [8], "items": [5]}, {"user": [9], "items": []}], ["user", "items"]),
+        ([{"user": [7], "items": [3, 1]}, {"user": [8], "items": [5]}, {"user": [9], "items": []}], ["user", "items"]),
         (
             [{"user": [4], "items": [2, 2, 6], "city": [1]}, {"user": [5], "items": [], "city": [0]}],
             ["items", "city", "user"],
         ),
-        ([{"a": [], "b": [3]}, {"a": [1, 2], "b": []}, {"a": [0], "b": [4, 4]}, {"a": [9], "b": [8]}], ["b", "a"]),
+        ([{"a": [], "b": [3]}, {"a": [2, 1], "b": []}, {"a": [0], "b": [4, 4]}, {"a": [9], "b": [8]}], ["b", "a"]),
     ]
 
 
@@ -31,10 +33,18 @@ def _per_sample(kjt: KeyedJaggedTensor) -> dict[str, list[list[int]]]:
 def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]], list[str]], Any]) -> None:
     """`kjt_from_samples(samples, keys)` must return a KJT whose bag for (key, sample b) is samples[b][key]."""
     for samples, keys in _batches():
+        want = {key: [list(sample.get(key, [])) for sample in samples] for key in keys}
+        given = copy.deepcopy(samples)
         try:
             kjt = kjt_from_samples(samples, keys)
         except Exception as error:  # a learner's bug: report it as a check failure, not a traceback
             fail(f"kjt_from_samples(samples, keys={keys}) raised {type(error).__name__}: {error}")
+        if samples != given:
+            fail(
+                f"kjt_from_samples changed the samples it was given: {given} became {samples}",
+                "read the samples without changing them (no .sort(), .pop() or += on their lists): "
+                "the data loader may hand the same samples to something else",
+            )
         if not isinstance(kjt, KeyedJaggedTensor):
             fail(f"kjt_from_samples returned a {type(kjt).__name__}", "return a torchrec.KeyedJaggedTensor")
         if list(kjt.keys()) != keys:
@@ -57,7 +67,6 @@ def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]
             )
         if kjt.stride() != len(samples):
             fail(f"batch size (kjt.stride()) is {kjt.stride()}, expected {len(samples)}")
-        want = {key: [sample.get(key, []) for sample in samples] for key in keys}
         try:
             got = _per_sample(kjt)
         except Exception as error:
@@ -67,7 +76,13 @@ def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]
             lengths = kjt.lengths().tolist()
             sample_major = [len(sample.get(key, [])) for sample in samples for key in keys]
             dict_order = [len(sample.get(key, [])) for key in samples[0] for sample in samples]
-            if lengths == sample_major:
+            reordered = all(
+                len(got.get(key, [])) == len(want[key]) and all(sorted(g) == sorted(w) for g, w in zip(got[key], want[key]))
+                for key in keys
+            )
+            if reordered:
+                hint = "the right ids in each bag, in another order: keep each bag's ids in the order the sample gives them"
+            elif lengths == sample_major:
                 hint = "lengths (and values) are KEY-major: all samples of the first key, then all samples of the next"
             elif lengths == dict_order:
                 hint = "values and lengths follow the samples' dict order, but keys= says another order: use `keys`"
@@ -176,6 +191,13 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
             f"the tables changed: {built} (rows x dim by feature), the seed's are {given}",
             "keep the tables as given: fix the layers after them, not the tables, to make the shapes fit",
         )
+    shared = [t.feature_names for t in ebcs[0].embedding_bag_configs() if len(t.feature_names) > 1]
+    if shared:
+        fail(
+            f"the features {shared[0]} now share one table: user {SEED_TABLES()[0].num_embeddings - 1} and item "
+            f"{SEED_TABLES()[0].num_embeddings - 1} would look up the same row",
+            "keep the seed's two tables, one per feature: user ids and item ids are different vocabularies",
+        )
     tables = ebcs[0].embedding_bags
     width = sum(t.embedding_dim * len(t.feature_names) for t in ebcs[0].embedding_bag_configs())
     rows_hint = (
@@ -215,13 +237,40 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
                 fail(f"the loss does not reach table {name!r}",
                      "feed the pooled vectors of BOTH features to the Linear: .values() holds them all")
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if linears and not any(m.in_features == width for m in linears):
+    if not linears:
+        fail(
+            "the model has no Linear layer: the seed's Linear is what turns the pooled features into a logit",
+            f"keep it and size it for the EBC's output: Linear({width}, 1) on ebc(x).values()",
+        )
+    if not any(m.in_features == width for m in linears):
         fail(
             f"the EBC gives {width} numbers per sample, but no Linear takes {width} inputs "
             f"(in_features: {[m.in_features for m in linears]})",
             f"feed ebc(x).values(), [B, {width}], to a Linear({width}, ...); padding, repeating or summing the "
             "features to fit another width changes the model",
         )
+    if not any(m.in_features == width and m.weight.grad is not None and bool(m.weight.grad.abs().sum() > 0) for m in linears):
+        fail(
+            f"the Linear that takes {width} inputs gets no gradient: the output does not go through it",
+            f"forward must return linear(ebc(x).values()): [B, {width}] in, [B, 1] out",
+        )
+    batch = rec_batch(3)
+    with torch.no_grad():
+        together = model(batch)
+        ids = batch.values().view(len(SEED_FEATURES), 3)
+        for b in range(3):
+            alone = KeyedJaggedTensor(keys=list(SEED_FEATURES), values=ids[:, b].clone(), lengths=torch.ones(len(SEED_FEATURES), dtype=torch.long))
+            try:
+                out = model(alone)
+            except (RuntimeError, IndexError) as error:
+                fail(f"a batch of 1 fails: {str(error).splitlines()[0]}", "each sample's logit must come from its own row of ebc(x).values()")
+            if tuple(out.shape) != (1, 1) or not torch.allclose(out, together[b : b + 1], rtol=1e-4, atol=1e-5):
+                fail(
+                    f"sample {b} gets logit {together[b].tolist()} in a batch of 3 but {out.flatten().tolist()} alone: "
+                    "the model mixes the samples of a batch",
+                    f"row b of ebc(x).values() is sample b's {width} numbers; concatenating per-feature tensors on dim 0, "
+                    "stacking them, or averaging over the batch before the Linear puts other samples' vectors in its row",
+                )
     passed("the fixed model maps batches of 3 and 2 to [B, 1], and gradients reach both tables")
 
 
@@ -291,7 +340,10 @@ def check_word_tables(word_tables: Callable[..., Any]) -> None:
                 "query and title words come from one vocabulary: one table can serve both features "
                 "(feature_names=['query', 'title']), and each feature still gets its own pooled slot",
             )
-        ebc = EmbeddingBagCollection(tables=list(tables), device=torch.device("cpu"))
+        try:
+            ebc = EmbeddingBagCollection(tables=list(tables), device=torch.device("cpu"))
+        except Exception as error:  # noqa: BLE001  (tables an EBC refuses, e.g. two of one name)
+            fail(f"{case}: an EmbeddingBagCollection of these tables raises {one_line(error)}", "give each table its own name")
         ids = torch.tensor([0, vocab_size - 1, vocab_size // 2, vocab_size - 1])
         kjt = KeyedJaggedTensor(keys=list(WORD_FEATURES), values=ids, lengths=torch.tensor([1, 1, 1, 1]))
         with torch.no_grad():
