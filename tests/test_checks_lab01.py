@@ -12,6 +12,8 @@ import torch.distributed as dist
 from course_lib.checks import CheckFailed
 from course_lib.checks import lab01
 
+from conftest import rejects
+
 # Ship this module's functions to the ranks by value, as a notebook's are: otherwise every rank of every
 # launch imports this test module, and pytest with it.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -364,3 +366,58 @@ def test_slice_check_accepts_reduce_scatter_and_all_to_all(capsys):
 def test_slice_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab01.check_slice_of_sum(wrong)
+
+
+# ------------------------------------------------------------------ more wrong answers (adversarial review)
+
+
+def route_counts_then_gather_everything(ids, num_rows):  # counts by all-to-all, then every id to every rank
+    world = dist.get_world_size()
+    block = math.ceil(num_rows / world)
+    send_counts = torch.bincount(ids // block, minlength=world)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    parts = [None] * world
+    dist.all_gather_object(parts, ids.tolist())
+    return torch.tensor([i for part in parts for i in part if i // block == dist.get_rank()], dtype=ids.dtype)
+
+
+def route_proportional_owner(ids, num_rows):  # id * world // num_rows: right on 2 ranks, not for 10 rows on 3
+    world = dist.get_world_size()
+    owner = ids * world // num_rows
+    send = ids[torch.argsort(owner, stable=True)]
+    send_counts = torch.bincount(owner, minlength=world)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    received = torch.empty(int(recv_counts.sum()), dtype=ids.dtype)
+    dist.all_to_all_single(received, send, recv_counts.tolist(), send_counts.tolist())
+    return received
+
+
+def route_counts_by_all_gather(ids, num_rows):  # another right answer: the counts by all_gather, the ids by all-to-all
+    world, rank = dist.get_world_size(), dist.get_rank()
+    owner = ids // math.ceil(num_rows / world)
+    send = ids[torch.argsort(owner, stable=True)]
+    send_counts = torch.bincount(owner, minlength=world)
+    every = [torch.empty_like(send_counts) for _ in range(world)]
+    dist.all_gather(every, send_counts)
+    recv_counts = [int(counts[rank]) for counts in every]
+    received = torch.empty(sum(recv_counts), dtype=ids.dtype)
+    dist.all_to_all_single(received, send, recv_counts, send_counts.tolist())
+    return received
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (route_counts_then_gather_everything, "the ids themselves travelled by all_gather_object"),
+        (route_proportional_owner, "are not its own: owner = id // ceil(num_rows / world_size)"),
+    ],
+)
+def test_route_check_rejects_more_wrong_answers(wrong, words):
+    rejects(lab01.check_route_ids, wrong, match=words)
+
+
+def test_route_check_accepts_counts_exchanged_by_all_gather(capsys):
+    lab01.check_route_ids(route_counts_by_all_gather)
+    assert capsys.readouterr().out.startswith("✓")

@@ -102,8 +102,28 @@ def _modulo_owner(ids: Any, num_rows: int, world_size: int) -> Any:
 # --------------------------------------------------------------------------------- running on ranks
 
 
-def _call_counting(fn: Callable[..., Any], args_by_rank: list[tuple]) -> tuple[Any, list[str]]:
-    """On each rank: call fn(*args_by_rank[rank]) and note which collectives it called (outermost only)."""
+def _all_to_all_elements(name: str, args: tuple, kwargs: dict) -> int:
+    """How many values an all_to_all(_single) call sends from this rank (0 for any other collective)."""
+    import torch
+
+    if name == "all_to_all_single":
+        sent = kwargs.get("input", args[1] if len(args) > 1 else None)
+    elif name == "all_to_all":
+        sent = kwargs.get("input_tensor_list", args[1] if len(args) > 1 else None)
+    else:
+        return 0
+    if isinstance(sent, torch.Tensor):
+        return sent.numel()
+    if isinstance(sent, (list, tuple)):
+        return sum(t.numel() for t in sent if isinstance(t, torch.Tensor))
+    return 0
+
+
+def _call_counting(
+    fn: Callable[..., Any], args_by_rank: list[tuple], sent: list[int] | None = None
+) -> tuple[Any, list[str]]:
+    """On each rank: call fn(*args_by_rank[rank]) and note which collectives it called (outermost only); with
+    `sent`, also append there how many values each outermost all-to-all sent from this rank."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -116,6 +136,8 @@ def _call_counting(fn: Callable[..., Any], args_by_rank: list[tuple]) -> tuple[A
             nonlocal depth
             if depth == 0:
                 calls.append(name)
+                if sent is not None:
+                    sent.append(_all_to_all_elements(name, args, kwargs))
             depth += 1
             try:
                 return original(*args, **kwargs)
@@ -142,6 +164,13 @@ def _call_counting(fn: Callable[..., Any], args_by_rank: list[tuple]) -> tuple[A
     return result, calls
 
 
+def _routing_on_rank(fn: Callable[..., Any], args_by_rank: list[tuple]) -> tuple[Any, list[str], int]:
+    """On each rank: :func:`_call_counting`, and how many values this rank sent by all-to-all in all."""
+    sent: list[int] = []
+    result, calls = _call_counting(fn, args_by_rank, sent)
+    return result, calls, sum(sent)
+
+
 def _run(
     fn: Callable[..., Any],
     args_by_rank: list[tuple],
@@ -149,8 +178,9 @@ def _run(
     reproduce: str,
     launch: Callable[..., list[Any]] | None,
     timeout: float,
-) -> list[tuple[Any, list[str]]]:
-    """Launch fn on len(args_by_rank) ranks, counting collectives; turn a failed launch into a CheckFailed."""
+    on_rank: Callable[..., Any] = _call_counting,
+) -> list[tuple[Any, ...]]:
+    """Launch fn on len(args_by_rank) ranks, counting collectives (`on_rank`); turn a failed launch into a CheckFailed."""
     from course_lib.launcher.launch import LaunchError
 
     if launch is None:
@@ -159,7 +189,7 @@ def _run(
     try:
         with warnings.catch_warnings():  # 3 ranks on a 2-core laptop is fine for a check
             warnings.simplefilter("ignore", UserWarning)
-            return launch(_call_counting, fn, args_by_rank, world_size=world, show_ranks=[], timeout=timeout)
+            return launch(on_rank, fn, args_by_rank, world_size=world, show_ranks=[], timeout=timeout)
     except LaunchError as error:
         raised = [f for f in error.failures if f.kind == "raised"]
         if raised and all(f.exc_type == "NotImplementedError" for f in raised):
@@ -205,10 +235,10 @@ def check_route_ids(
     for world in (2, 3):
         ids_by_rank, num_rows = route_example(world)
         args = [(ids.clone(), num_rows) for ids in ids_by_rank]
-        outcomes = _run(route_ids, args, "route_ids", _REPRODUCE_ROUTE, launch, timeout)
+        outcomes = _run(route_ids, args, "route_ids", _REPRODUCE_ROUTE, launch, timeout, on_rank=_routing_on_rank)
         expected = _expected_routing(ids_by_rank, num_rows)
         modulo = _expected_routing(ids_by_rank, num_rows, _modulo_owner)
-        got = [result for result, _ in outcomes]
+        got = [result for result, _, _ in outcomes]
         block = math.ceil(num_rows / world)
         for rank, result in enumerate(got):
             if not isinstance(result, torch.Tensor):
@@ -226,6 +256,15 @@ def check_route_ids(
                 f"rows are owned in ranges: with {num_rows} rows on {world} ranks, rank r owns rows "
                 f"[r*{block}, (r+1)*{block}), so owner = id // ceil(num_rows / world_size)",
             )
+        if any(g.numel() != e.numel() for g, e in zip(got, expected)):  # owners worked out another way?
+            for rank, (result, want) in enumerate(zip(got, expected)):
+                strangers = sorted({int(i) for i in result.reshape(-1).tolist()} - {int(i) for i in want.tolist()})
+                if strangers:
+                    fail(
+                        f"on {world} ranks, rank {rank} received ids {result.reshape(-1).tolist()}, expected {want.tolist()}",
+                        f"rank {rank} owns rows [{rank * block}, {min((rank + 1) * block, num_rows)}); ids {strangers} "
+                        f"are not its own: owner = id // ceil(num_rows / world_size), here id // {block}",
+                    )
         for rank, (result, want) in enumerate(zip(got, expected)):
             result = result.reshape(-1)
             if result.numel() != want.numel():
@@ -250,11 +289,20 @@ def check_route_ids(
                     "ids from rank 0 first, then from rank 1, ...; each sender's ids in the order it held them: "
                     "group them by owner with torch.argsort(owner, stable=True)",
                 )
-        for rank, (_, calls) in enumerate(outcomes):
+        for rank, (_, calls, sent) in enumerate(outcomes):
             if not {"all_to_all_single", "all_to_all"} & set(calls):
                 fail(
                     f"right ids, but they travelled by {_describe_calls(calls)} on rank {rank}",
                     "use all_to_all_single: each id goes to its owner only, not to every rank",
+                )
+            held = ids_by_rank[rank].numel()
+            if sent < held:
+                others = sorted(set(calls) - {"all_to_all_single", "all_to_all"})
+                fail(
+                    f"right ids, but on {world} ranks rank {rank} sent {sent} values by all-to-all and holds {held} ids: "
+                    f"the ids themselves travelled by {', '.join(others) or 'another collective'}",
+                    "after the counts, send the ids by all_to_all_single too (input_split_sizes=send counts, "
+                    "output_split_sizes=received counts): each id goes to its owner only, not to every rank",
                 )
     passed("route_ids sends every id to its owner on 2 and 3 ranks, counts exchanged, order kept")
 
