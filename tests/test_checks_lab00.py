@@ -9,6 +9,8 @@ import pytest
 from course_lib.checks import CheckFailed
 from course_lib.checks import lab00
 
+from conftest import rejects
+
 # Ship this module's functions by value: otherwise each rank imports the test module (and pytest) to find them.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -209,3 +211,65 @@ def test_every_machine_is_broken_before_the_fix():
 def test_install_plan_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab00.check_install_plan(wrong)
+
+
+# ------------------------------------------------------------------ more wrong answers (adversarial review)
+
+
+def counts_the_ranks_then_uses_the_formula():  # one all_reduce, but of ones: the sum comes from n(n-1)/2
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    n = int(t.item())
+    return {"rank": dist.get_rank(), "world_size": n, "rank_sum": n * (n - 1) / 2}
+
+
+def sum_and_count_in_one_tensor():  # a right answer: the rank first, more in the same tensor
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank()), 1.0])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world_size": int(t[1].item()), "rank_sum": t[0].item()}
+
+
+def test_first_group_check_rejects_an_all_reduce_of_something_else():
+    rejects(lab00.check_first_group, counts_the_ranks_then_uses_the_formula, match="gave all_reduce [1.0], not its rank 0")
+
+
+def test_first_group_check_accepts_more_in_the_reduced_tensor(capsys):
+    lab00.check_first_group(sum_and_count_in_one_tensor)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def install_by_torch_build(facts):  # the machine's torch build decides: a laptop with a CUDA torch keeps it
+    if facts.torch_cuda:
+        return {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
+    return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
+
+
+def install_for_eight_gpus(facts):  # the lab's GPU nodes have 8 GPUs
+    if facts.gpu_count == 8:
+        return {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
+    return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (install_by_torch_build, "machine G (laptop with the CUDA torch"),
+        (install_for_eight_gpus, "machine H (GPU node with 4 GPUs"),
+    ],
+)
+def test_install_plan_check_repairs_machines_beyond_the_labs_list(wrong, words):
+    rejects(lab00.check_install_plan, wrong, match=words)
+
+
+def test_the_fresh_machines_are_broken_and_the_solution_repairs_them():
+    for facts in lab00._fresh_machines().values():
+        backend, world_size = lab00._backend_for(facts)
+        assert lab00.doctor(backend=backend, world_size=world_size, facts=facts).problems
+        fixed = lab00.after_install(facts, install_plan(facts))
+        assert not [p for p in lab00.doctor(backend=backend, world_size=world_size, facts=fixed).problems if p.code != "python-version"]

@@ -118,6 +118,23 @@ def broken_machines() -> dict[str, EnvFacts]:
     }
 
 
+def _fresh_machines() -> dict[str, EnvFacts]:
+    """Two more broken machines the check repairs after :func:`broken_machines`, not shown in the lab: a plan
+    must follow from the facts (GPUs or none), not from the torch build a machine happens to have, nor from
+    the lab's 8-GPU nodes."""
+    return {
+        "G (laptop with the CUDA torch a plain `pip install torch` brings, newest torchrec; not in the lab's list)": replace(
+            HEALTHY_LAPTOP, torch_version="2.13.0+cu126", torch_cuda="12.6", fbgemm_gpu_version="1.8.0",
+            fbgemm_gpu_cpu_version=None, torchrec_version="1.9.0",
+            torchrec_import_error="ImportError: .../torchrec/distributed/comm_ops.py: undefined symbol",
+        ),
+        "H (GPU node with 4 GPUs, old torchrec; not in the lab's list)": replace(
+            GPU_NODE, gpu_count=4, torchrec_version="1.7.0",
+            torchrec_import_error="ImportError: .../torchrec/distributed/comm_ops.py: undefined symbol",
+        ),
+    }
+
+
 def _backend_for(facts: EnvFacts) -> tuple[str, int]:
     """The group the machine must be able to start afterwards: NCCL on every GPU of a GPU node, else 2 gloo ranks."""
     return ("nccl", facts.gpu_count) if facts.gpu_count > 0 else ("gloo", 2)
@@ -166,7 +183,7 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
     GPU node, gloo on a laptop), and wants no error and no warning, on every machine of :func:`broken_machines`."""
     from course_lib.checks import one_line
 
-    for label, facts in broken_machines().items():
+    for label, facts in {**broken_machines(), **_fresh_machines()}.items():
         try:
             plan = install_plan(facts)
         except Exception as error:  # noqa: BLE001  (the learner's code: report it)
@@ -214,6 +231,23 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
     passed(f"install_plan repairs all {len(broken_machines())} machines: the doctor finds nothing after each install")
 
 
+def _first_group_on_rank(fn: Callable[[], Any], args_by_rank: list[tuple]) -> tuple[Any, list[str], list[list[float]]]:
+    """On each rank: fn() with its collectives counted, and what each all_reduce was given (before it ran)."""
+    import torch
+
+    from course_lib.checks.lab01 import _call_counting
+
+    given: list[list[float]] = []
+
+    def record(name: str, args: tuple, kwargs: dict) -> None:
+        tensor = kwargs.get("tensor", args[0] if args else None)
+        if name == "all_reduce" and isinstance(tensor, torch.Tensor):
+            given.append([float(v) for v in tensor.detach().flatten().tolist()])
+
+    result, calls = _call_counting(fn, args_by_rank, record)
+    return result, calls, given
+
+
 @exercise
 def check_first_group(
     first_group: Callable[[], Any], launch: Callable[..., list[Any]] | None = None, timeout: float = 60.0
@@ -221,14 +255,13 @@ def check_first_group(
     """Run `first_group` on 2 and 3 ranks, check what each rank returned and that the sum travelled by one
     all_reduce (not worked out locally from the world size)."""
     from course_lib.checks import launch_quietly, one_line
-    from course_lib.checks.lab01 import _call_counting
     from course_lib.launcher.launch import LaunchError
 
     if launch is None:
         from course_lib import launch
     for world_size in (2, 3):
         try:
-            outcomes = launch_quietly(launch, _call_counting, first_group, [()] * world_size, world_size=world_size, timeout=timeout)
+            outcomes = launch_quietly(launch, _first_group_on_rank, first_group, [()] * world_size, world_size=world_size, timeout=timeout)
         except LaunchError as error:
             raised = [f for f in error.failures if f.kind == "raised"]
             if raised and all(f.exc_type == "NotImplementedError" and not f.message.strip() for f in raised):
@@ -239,7 +272,7 @@ def check_first_group(
                 hint = "a rank waited in a collective that another rank never called: every rank must call all_reduce"
             first = error.failures[0].headline() if error.failures else one_line(error)
             fail(f"first_group failed on {world_size} ranks: {first}", hint)
-        for rank, (got, calls) in enumerate(outcomes):
+        for rank, (got, calls, given) in enumerate(outcomes):
             if not isinstance(got, dict) or not {"rank", "world_size", "rank_sum"} <= set(got):
                 fail(f"rank {rank} returned {got!r}", "return a dict with keys 'rank', 'world_size', 'rank_sum'")
             if not isinstance(got["rank"], int) or not isinstance(got["world_size"], int):
@@ -255,7 +288,12 @@ def check_first_group(
             except (TypeError, ValueError, RuntimeError):
                 fail(f"rank {rank} returned rank_sum={got['rank_sum']!r}", "one number: t.item() after the all_reduce")
             if value != expected:
-                if value == rank:
+                if value == rank and "all_reduce" in calls:
+                    hint = (
+                        "that is this rank's own value: read the tensor you gave all_reduce, after it has finished "
+                        "(with async_op=True, call .wait() on the work it returns first)"
+                    )
+                elif value == rank:
                     hint = "each rank only knows its own rank: combine them across ranks with dist.all_reduce"
                 elif value == world_size - 1:
                     hint = "that is the largest rank (ReduceOp.MAX): sum them with ReduceOp.SUM, the default"
@@ -273,5 +311,11 @@ def check_first_group(
                 fail(
                     f"the right sum, but rank {rank} ran {', '.join(calls)}",
                     "one dist.all_reduce sums a tensor across the group and leaves the sum on every rank",
+                )
+            if not given or not given[0] or given[0][0] != float(rank):
+                fail(
+                    f"the right sum, but rank {rank} gave all_reduce {given[0] if given else 'no tensor'}, not its rank "
+                    f"{rank}: the sum was worked out another way",
+                    "each rank puts its own rank in the tensor, all_reduce adds them, and rank_sum is read from that tensor",
                 )
     passed("first_group runs on 2 and 3 ranks and every rank agrees on the sum of ranks, by one all_reduce")

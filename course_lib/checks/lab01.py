@@ -120,10 +120,10 @@ def _all_to_all_elements(name: str, args: tuple, kwargs: dict) -> int:
 
 
 def _call_counting(
-    fn: Callable[..., Any], args_by_rank: list[tuple], sent: list[int] | None = None
+    fn: Callable[..., Any], args_by_rank: list[tuple], record: Callable[[str, tuple, dict], None] | None = None
 ) -> tuple[Any, list[str]]:
     """On each rank: call fn(*args_by_rank[rank]) and note which collectives it called (outermost only); with
-    `sent`, also append there how many values each outermost all-to-all sent from this rank."""
+    `record`, also call ``record(name, args, kwargs)`` before each of those calls runs."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -136,8 +136,8 @@ def _call_counting(
             nonlocal depth
             if depth == 0:
                 calls.append(name)
-                if sent is not None:
-                    sent.append(_all_to_all_elements(name, args, kwargs))
+                if record is not None:
+                    record(name, args, kwargs)
             depth += 1
             try:
                 return original(*args, **kwargs)
@@ -167,7 +167,7 @@ def _call_counting(
 def _routing_on_rank(fn: Callable[..., Any], args_by_rank: list[tuple]) -> tuple[Any, list[str], int]:
     """On each rank: :func:`_call_counting`, and how many values this rank sent by all-to-all in all."""
     sent: list[int] = []
-    result, calls = _call_counting(fn, args_by_rank, sent)
+    result, calls = _call_counting(fn, args_by_rank, lambda name, args, kwargs: sent.append(_all_to_all_elements(name, args, kwargs)))
     return result, calls, sum(sent)
 
 
