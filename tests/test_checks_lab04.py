@@ -11,6 +11,8 @@ from torchmetrics.classification import BinaryAUROC
 from course_lib import data
 from course_lib.checks import CheckFailed, lab04
 
+from conftest import rejects
+
 # Ship this module's functions by value: otherwise each rank imports the test module (and pytest) to find them.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -367,3 +369,38 @@ def test_pipelineable_check_accepts_both_steps_in_the_loader(capsys):
 def test_pipelineable_check_rejects_wrong_answers(model_class, prepare, words):
     with pytest.raises(CheckFailed, match=words):
         lab04.check_pipelineable(model_class, prepare)
+
+
+# ------------------------------------------------------------------ more wrong answers (adversarial review)
+
+
+def wrap_with_its_own_plan(model, plan):  # rebuilds the lab's plan inside wrap: right for the lab's per_table only
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import training
+
+    own = training.model_plan(model, per_table(), world_size=dist.get_world_size())
+    return DistributedModelParallel(module=model, device=training.device(), plan=own, sharders=training.sharders())
+
+
+def wrap_with_row_wise_adagrad(model, plan):  # a sharder of its own: Adagrad at lr 0.1, but one sum per row
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from course_lib import training
+
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1})
+    return DistributedModelParallel(module=model, device=training.device(), plan=plan, sharders=[sharder])
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (wrap_with_its_own_plan, "with a second plan, table 't_user' is row_wise"),
+        (wrap_with_row_wise_adagrad, "one Adagrad sum per row"),
+    ],
+)
+def test_wrap_check_rejects_more_wrong_answers(wrong, words):
+    rejects(lab04.check_wrap, wrong, per_table(), match=words)

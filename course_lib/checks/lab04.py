@@ -16,6 +16,27 @@ _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=2_000, seed=3)
 # ------------------------------------------------------------------------------------------ exercise 1
 
 
+def _second_per_table() -> dict[str, Any]:
+    """Another hand plan for the check's tables: a wrap that builds its own plan (from the lab's per_table)
+    instead of applying the one it is given shards them differently."""
+    from torchrec.distributed.sharding_plan import data_parallel, row_wise, table_wise
+
+    return {
+        "t_user": table_wise(rank=1, compute_kernel="fused"),
+        "t_item": row_wise(compute_kernel="fused"),
+        "t_category": table_wise(rank=0, compute_kernel="fused"),
+        "t_terms": data_parallel(),
+    }
+
+
+def _planned(plan: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {
+        table: (sharding.sharding_type, tuple(sharding.ranks or ()))
+        for module_plan in plan.plan.values()
+        for table, sharding in module_plan.items()
+    }
+
+
 def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any]) -> dict[str, Any]:
     """Runs on every rank: build the lab's model on meta, plan it, let `wrap` shard it, and report."""
     import torch.distributed as dist
@@ -26,11 +47,7 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
     torch.manual_seed(0)
     model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
     plan = training.model_plan(model, per_table, world_size=dist.get_world_size())
-    requested = {
-        table: (sharding.sharding_type, tuple(sharding.ranks or ()))
-        for module_plan in plan.plan.values()
-        for table, sharding in module_plan.items()
-    }
+    requested = _planned(plan)
     report: dict[str, Any] = {"requested": requested}
     try:
         wrapped = wrap(model, plan)
@@ -47,8 +64,10 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
     if fused is not None:
         from course_lib import optimizers
 
-        report["fused states"] = sorted({row["state"].split(".")[-1] for row in optimizers.state_rows(fused)})
+        rows = optimizers.state_rows(fused)
+        report["fused states"] = sorted({row["state"].split(".")[-1] for row in rows})
         report["fused lr"] = sorted({group["lr"] for group in fused.param_groups})
+        report["row-wise states"] = sorted({row["state"] for row in rows if len(row["local shape"]) == 1})
     report["whole_model"] = {"model.dense_arch", "model.over_arch"} <= {name for name, _ in wrapped.module.named_modules()}
     if report["whole_model"] and report["actual"] == requested:
         try:  # it must also train: one step on a small batch
@@ -57,7 +76,27 @@ def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any])
             report["loss"] = loss
         except Exception as error:
             report["error"] = f"one training step of the wrapped model raised {type(error).__name__}: {error}"
+        _wrap_second_plan(report, wrap)
     return report
+
+
+def _wrap_second_plan(report: dict[str, Any], wrap: Callable[[Any, Any], Any]) -> None:
+    """Wrap a fresh model with a second plan (:func:`_second_per_table`) and note what it asked and got."""
+    import torch.distributed as dist
+    from torchrec.distributed import DistributedModelParallel
+
+    from course_lib import models, training
+
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+    plan = training.model_plan(model, _second_per_table(), world_size=dist.get_world_size())
+    second: dict[str, Any] = {"requested": _planned(plan)}
+    report["second"] = second
+    try:
+        wrapped = wrap(model, plan)
+    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+        second["error"] = one_line(error)
+        return
+    second["actual"] = training.sharding_types(wrapped) if isinstance(wrapped, DistributedModelParallel) else {}
 
 
 @exercise
@@ -111,8 +150,24 @@ def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], la
             f"the fused tables train at lr {_rates(report['fused lr'])}, the course's sharders use {want_lr}",
             "pass sharders=training.sharders() as they are (their default learning rate)",
         )
+    if report.get("row-wise states"):
+        fail(
+            f"the fused tables keep one Adagrad sum per row ({', '.join(report['row-wise states'])}): row-wise Adagrad, "
+            "not the course's exact Adagrad (one per weight)",
+            "pass sharders=training.sharders() as they are: their EBC sharder fuses EmbOptimType.EXACT_ADAGRAD",
+        )
     if "error" in report:
         fail(report["error"])
+    second = report.get("second", {})
+    if "error" in second:
+        fail(f"wrap(model, plan) raised {second['error']} on a second plan (other shardings of the same tables)")
+    for table, want in second.get("requested", {}).items():
+        got = second["actual"].get(table)
+        if got != want:
+            fail(
+                f"with a second plan, table {table!r} is {_describe(got)}, that plan asks for {_describe(want)}",
+                "wrap must apply the plan it is given (plan=plan), whichever it is: do not build one inside wrap",
+            )
     passed("wrap applies the plan to every table: " + ", ".join(f"{t} {s}" for t, (s, _) in report["requested"].items()))
 
 
