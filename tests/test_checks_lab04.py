@@ -404,3 +404,23 @@ def wrap_with_row_wise_adagrad(model, plan):  # a sharder of its own: Adagrad at
 )
 def test_wrap_check_rejects_more_wrong_answers(wrong, words):
     rejects(lab04.check_wrap, wrong, per_table(), match=words)
+
+
+def sigmoid_in_place(logits, labels, split):  # right number, but the caller's logits are now probabilities
+    logits.sigmoid_()
+    return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
+
+
+def binned_auc(logits, labels, split):  # 200 thresholds: off in the 5th decimal
+    return data.bayes_optimal_auc(split) - BinaryAUROC(thresholds=200)(logits.sigmoid(), labels).item()
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (sigmoid_in_place, "changed the logits or labels it was given"),
+        (binned_auc, "close, not exact"),
+    ],
+)
+def test_auc_gap_check_rejects_more_wrong_answers(wrong, words):
+    rejects(lab04.check_auc_gap, wrong, match=words)

@@ -277,10 +277,17 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
     logits, labels, split, log = _gap_case(seed=1)
     model_auc = float(BinaryAUROC()(logits, labels))
     want = data.bayes_optimal_auc(split) - model_auc
+    given_logits, given_labels = logits.clone(), labels.clone()
     try:
-        got = float(auc_gap(logits.clone(), labels.clone(), split))
+        got = float(auc_gap(given_logits, given_labels, split))
     except Exception as error:
         fail(f"auc_gap raised {type(error).__name__}: {error}")
+    if not (torch.equal(given_logits, logits) and torch.equal(given_labels, labels)):
+        fail(
+            "auc_gap changed the logits or labels it was given (an in-place operation such as .sigmoid_())",
+            "the lab reads test_logits again after the gap (the NE, the calibration): work on a copy, "
+            "or use the out-of-place form (.sigmoid()); the AUC needs no sigmoid at all",
+        )
     if math.isclose(got, want, abs_tol=1e-6):
         # a second, different case: a function that returns the first case's number is not an answer
         logits2, labels2, split2, _ = _gap_case(seed=2, config=_SECOND_CONFIG)
@@ -322,6 +329,11 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
         fail(
             f"auc_gap returned {got:.4f}, expected {want:.4f}: the optimum is missing",
             "the best possible AUC is not 1 on a noisy log: it is data.bayes_optimal_auc(split)",
+        )
+    if f"{got:.4f}" == f"{want:.4f}":
+        fail(
+            f"auc_gap returned {got:.6f}, expected {want:.6f}: close, not exact",
+            "compute the exact AUC: BinaryAUROC() without thresholds= (binned), or data.auc(logits, labels)",
         )
     fail(f"auc_gap returned {got:.4f}, expected {want:.4f}", "data.bayes_optimal_auc(split) - AUC of logits vs labels")
 
