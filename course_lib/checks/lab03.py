@@ -79,8 +79,9 @@ def _judge_row_wise(plan: Any, tables: Sequence[EmbeddingBagConfig], table: str,
     missing = [t.name for t in tables if t.name not in planning._module_plan(plan)]
     if missing:
         fail(
-            f"the plan for {what} leaves out tables {missing}: a model with a table in no plan cannot be sharded",
-            f"plan the EBC of all the lab's tables (planning.meta_ebc(TABLES)) and constrain {table!r} only",
+            f"the plan for {what} leaves out tables {missing}",
+            f"a plan places every table of the model: plan the EBC of all the lab's tables (planning.meta_ebc(TABLES)) "
+            f"and constrain {table!r} only",
         )
     kind = pieces[0].sharding_type
     if kind != "row_wise":
