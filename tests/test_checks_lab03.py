@@ -276,3 +276,10 @@ def data_parallel_on_hosts_0_and_1(plan, ranks_per_host):  # the lab's 2 hosts, 
 )
 def test_steering_check_reads_hosts_off_a_plan_on_3_hosts(reader, words):
     rejects(lab03.check_steering, SOLUTION, reader, match=words)
+
+
+def test_row_wise_check_asks_shard_rows_about_another_table():
+    def always_item(plan, table):  # ignores its `table` argument
+        return shard_rows(plan, "item")
+
+    rejects(lab03.check_row_wise, row_wise_item_plan, always_item, match="table 'user', but the shards of 'user' have [1024, 1024, 1024, 1024]")

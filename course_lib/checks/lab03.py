@@ -229,6 +229,11 @@ def check_row_wise(
         specs[1].shard_sizes[0] += moved
         uneven_rows = [expected[0] - moved, expected[1] + moved, *expected[2:]]
         _judge_shard_rows(shard_rows, uneven, table, uneven_rows, f"{what}, cut unevenly ({uneven_rows[:2]} rows first)")
+        # Another table cut by rows in the same plan: shard_rows reads the table it is asked about.
+        others = [s for s in planning.shards(plan, tables) if s.table != table and s.sharding_type in ("row_wise", "table_row_wise")]
+        for other in sorted({s.table for s in others}):
+            rows = [s.rows for s in sorted((s for s in others if s.table == other), key=lambda s: s.row_offset)]
+            _judge_shard_rows(shard_rows, plan, other, rows, f"{what}, table {other!r}")
     config = next(t for t in tables if t.name == table)
     texts = []
     for rows in found:
