@@ -256,11 +256,18 @@ def install_for_eight_gpus(facts):  # the lab's GPU nodes have 8 GPUs
     return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
 
 
+def install_keeping_the_build(facts):  # only the versions move: the machine's torch build (+cpu / +cu126) stays
+    build = facts.torch_version.partition("+")[2]
+    fbgemm = "fbgemm-gpu" if build.startswith("cu") else "fbgemm-gpu-cpu"
+    return {"torch": f"2.13.0+{build}", fbgemm: "1.8.0", "torchrec": "1.8.0"}
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
         (install_by_torch_build, "machine G (laptop with the CUDA torch"),
         (install_for_eight_gpus, "machine H (GPU node with 4 GPUs"),
+        (install_keeping_the_build, "machine G (laptop with the CUDA torch"),
     ],
 )
 def test_install_plan_check_repairs_machines_beyond_the_labs_list(wrong, words):
