@@ -218,6 +218,9 @@ def under_the_budget(world, per_host, model, budget):  # peak < budget: a budget
 @pytest.mark.parametrize("answer, reason", [
     (peak_with(lambda block, dp, tp: _block_gathered(block, tp)), "with dp = 1 FSDP has nothing to gather"),  # gathers at dp 1
     (under_the_budget, "also fits with less tensor parallelism"),
+    (peak_with(lambda block, dp, tp: _total(block) // tp if dp > 1 else 0), "33,920 bytes per rank, over"),  # norms split tp ways
+    (lambda w, h, m, b: next(((w // tp, tp) for tp in range(1, h) if w % tp == 0 and _heads(m) % tp == 0  # tp < ranks per host
+                               and lab12.reference_peak(m, w // tp, tp) <= b), None), "tp may equal ranks_per_host"),
     (lambda w, h, m, b: None if good_mesh(w, h, m, b) is None else good_mesh(w, h, m, b)[::-1], "in that order"),  # (tp, dp)
 ])
 def test_choose_mesh_rejects_new_mistakes(answer, reason):

@@ -158,7 +158,8 @@ def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
         (4, 2, small, 40_000, "the lab's model, 4 ranks on 2 hosts of 2, 40,000 bytes"),
         # exactly pure FSDP's peak: a budget is a limit the peak may reach
         (4, 2, small, reference_peak(small, 4, 1), f"the same with {reference_peak(small, 4, 1):,} bytes"),
-        (4, 2, small, 30_000, "the same with 30,000 bytes"),
+        # a byte under (2, 2)'s peak: nothing fits, unless the peak is underestimated
+        (4, 2, small, reference_peak(small, 2, 2) - 1, f"the same with {reference_peak(small, 2, 2) - 1:,} bytes"),
         (8, 4, wide, 90_000, "6 heads, 8 ranks on 2 hosts of 4, 90,000 bytes"),
         (8, 4, wide, 60_000, "6 heads, 8 ranks on 2 hosts of 4, 60,000 bytes"),
         (6, 6, wide, 40_000, "6 heads, 6 ranks on one host, 40,000 bytes"),  # only tp = 6, dp = 1: nothing gathered
@@ -182,7 +183,8 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
             fail(f"choose_mesh returned None for {what}, but {want} fits (peak {reference_peak(model, *want):,} bytes)",
                  "with dp = 1 FSDP has nothing to gather: the peak is what the rank holds" if want[0] == 1 else
                  "a rank may reach the budget, not only stay under it" if reference_peak(model, *want) == budget else
-                 "the peak is what a rank holds plus the one block FSDP gathers, its Linear weights split tp ways")
+                 ("tp may equal ranks_per_host (a tp group that fills a host stays inside it); and " if want[1] == per_host
+                  else "") + "the peak is what a rank holds plus the one block FSDP gathers, its Linear weights split tp ways")
         if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
             fail(f"choose_mesh returned {got!r} for {what}: return a pair (dp, tp) of ints, or None")
         if want is not None and got == (want[1], want[0]):
