@@ -224,6 +224,8 @@ def _sim(a, b):
     (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)), reduction="none"), "a loss is one number"),
     (lambda a, b, t: F.mse_loss(F.normalize(a, dim=1), F.normalize(b, dim=1)), "expected"),
     (lambda a, b, t: good_info_nce(a, b, 0.1), "expected"),  # a temperature typed in
+    (lambda a, b, t: (lambda s: (torch.logsumexp(s.masked_fill(torch.eye(len(a), dtype=torch.bool), float("-inf")), 1)
+                                 - s.diagonal()).mean())(_sim(a, b) / t), "expected"),  # the positive left out of the denominator
     # the right value, the wrong gradients
     (lambda a, b, t: good_info_nce(a, b.detach(), t), "no gradient reaches content_emb"),  # content tower never trains
     (lambda a, b, t: good_info_nce(a.detach(), b, t), "no gradient reaches id_emb"),

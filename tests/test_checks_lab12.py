@@ -75,6 +75,14 @@ def gathered_outputs():  # torchtitan's output-layer style on every layer: right
             **{n: RowwiseParallel(input_layouts=Replicate()) for n in ("attention.wo", "feed_forward.w2")}}
 
 
+def sequence_parallel_outputs():
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return {**good_plan(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))}
+
+
 def gathered_feed_forward():  # only the feed-forward pair gathers its hidden units
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -91,6 +99,9 @@ def gathered_feed_forward():  # only the feed-forward pair gathers its hidden un
     (all_colwise, "failed"),
     (wrong_names, "which a TowerBlock does not have"),
     (gathered_outputs, "all-gathers activations over tp 8 times"),
+    (lambda: {**mlp_only(), "attention.wq": row(), "attention.wk": row(), "attention.wv": row(), "attention.wo": col()},
+     "failed"),  # the attention pair swapped: q, k, v row-wise take a whole input as if split
+    (sequence_parallel_outputs, "failed"),  # wo, w2 reduce-scatter over the sequence, but the norms expect it whole
     (gathered_feed_forward, "all-gathers activations over tp 2 times"),
     (lambda: {}, "a plan is a dict"),
     (lambda: [("attention.wq", col())], "a plan is a dict"),
@@ -268,6 +279,8 @@ def test_sampled_softmax_passes_the_solution(capsys):
     (lambda q, c, lq, t: F.cross_entropy(_cos(q, c).T / t - lq[None, :], torch.arange(len(q))), "transposes"),
     (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq.exp()[None, :], torch.arange(len(q))), "expected"),
     (lambda q, c, lq, t: good_sampled(q, c, lq, t).detach(), "no gradient"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq[None, :] * (1 - torch.eye(len(q))), torch.arange(len(q))),
+     "corrects the negatives only"),
     (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq[None, :], torch.arange(len(q)), reduction="none"), "scalar"),
     # the right value, the wrong gradients
     (lambda q, c, lq, t: good_sampled(q, c.detach(), lq, t), "no gradient reaches candidates"),

@@ -229,6 +229,8 @@ def _sampled_softmax_mistakes(q: Any, c: Any, log_q: Any, t: float) -> dict[str,
             F.cross_entropy(q @ c.T / t - log_q[None, :], labels),
         "transposes the similarity matrix: each query row chooses among the candidates":
             F.cross_entropy(sim.T / t - log_q[None, :], labels),
+        "corrects the negatives only: subtract log_q from every candidate's logit, the row's own positive too":
+            F.cross_entropy(sim / t - log_q[None, :] * (1 - torch.eye(len(q))), labels),
     }
 
 
