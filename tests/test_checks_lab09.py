@@ -49,6 +49,7 @@ def test_lookup_check_accepts_the_solution(capsys):
         (lambda n, d, s, e=4: n * e / s / 1e9, "each id reads a row|bytes read"),  # ids x bytes, no dim
         (lambda n, d, s, e=4: 8 * n * d * e / s / 1e9, "bytes read = ids"),  # bits, not bytes
         (lambda n, d, s, e=4: n * d * e * s / 1e9, "bytes read = ids"),  # multiplied by the time
+        (lambda n, d, s, e=4: n * d * (4 if e == 4 else 2) / s / 1e9, "1 byte per element \\(int8\\), not 2"),  # fp16 or fp32 only
     ],
 )
 def test_lookup_check_rejects_wrong_answers(wrong, words):
@@ -152,6 +153,15 @@ def etcd_backend(nnodes, nproc, node_rank, head, port):
     return argv
 
 
+def c10d_default_port(nnodes, nproc, node_rank, head, port):  # torchrun's c10d port typed in: right on the cluster only
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{head}:29400", "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def node_rank_of_first_process(nnodes, nproc, node_rank, head, port):  # the global rank of the node's first process
+    return torchrun_solution(nnodes, nproc, node_rank * nproc, head, port)
+
+
 def flag_without_value(nnodes, nproc, node_rank, head, port):
     return ["torchrun", "--nnodes", "--nproc-per-node", str(nproc), "-m", "course_lib.run", "course_lib.capstone:train"]
 
@@ -174,6 +184,8 @@ def flag_without_value(nnodes, nproc, node_rank, head, port):
         (node_rank_from_one, "--node-rank values are \\[1, 2\\]"),
         (etcd_backend, "etcd"),
         (flag_without_value, "would refuse"),
+        (c10d_default_port, "rendezvous is at 127.0.0.1:29400"),
+        (node_rank_of_first_process, "--node-rank values are \\[0, 8, 16"),
     ],
 )
 def test_torchrun_check_rejects_wrong_answers(wrong, words):
@@ -184,13 +196,13 @@ def test_torchrun_check_rejects_wrong_answers(wrong, words):
 # ------------------------------------------------------------------------ a plan under two budgets
 
 
-def _every_table(sharding_type=None, kernel="fused", load_factor=None, names=None):
+def _every_table(sharding_type=None, kernel="fused", load_factor=None, names=None, **more):
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
     names = names or [t.name for t in lab09.production_tables()]
     return {name: ParameterConstraints(sharding_types=[sharding_type] if sharding_type else None, compute_kernels=[kernel],
-                                       cache_params=CacheParams(load_factor=load_factor) if load_factor else None)
+                                       cache_params=CacheParams(load_factor=load_factor) if load_factor else None, **more)
             for name in names}
 
 
@@ -200,6 +212,7 @@ BIG = [f"t{i:02d}" for i in range(10)]
 @pytest.mark.parametrize("right", [
     lambda: _every_table("grid_shard"),  # the lab's solution: every row in HBM, a node's traffic on NVLink
     lambda: _every_table("table_row_wise", "fused_uvm_caching", 0.75),  # a quarter of the big tables' rows on the host
+    lambda: _every_table("grid_shard", pooling_factors=[1.0], is_weighted=False),  # the workload's defaults, spelled out
 ])
 def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
     lab09.check_budget_plan(right())
@@ -219,6 +232,13 @@ def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
         (lambda: {**_every_table("grid_shard"), "t20": _every_table("grid_shard")["t00"]}, "t20 is not a table"),
         (lambda: [_every_table("grid_shard")], "expected a dict"),
         (lambda: {"t00": "grid_shard"}, "the constraint of t00 is a str"),
+        # the workload described lighter than it is: row-wise then "meets" the comms budget (0.76 ms)
+        (lambda: _every_table("row_wise", pooling_factors=[0.01]), "sets pooling_factors"),
+        (lambda: _every_table("row_wise", batch_sizes=[16]), "sets batch_sizes"),
+        (lambda: _every_table("row_wise", num_poolings=[0.1]), "sets num_poolings"),
+        (lambda: _every_table("table_row_wise", is_weighted=True), "sets is_weighted"),
+        # tables the GPU topology cannot take: the planner drops them, and an empty plan costs 0 GiB and 0 ms
+        (lambda: _every_table("row_wise", device_group="cpu"), "places 0 of 20 tables"),
     ],
 )
 def test_budget_check_rejects_wrong_answers(wrong, words):

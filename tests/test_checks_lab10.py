@@ -1,6 +1,7 @@
 """Lab 10's checks pass the solutions and reject the mistakes a learner plausibly makes, each with its reason."""
 from __future__ import annotations
 
+import math
 import sys
 
 import cloudpickle
@@ -110,8 +111,20 @@ def test_table_choice_passes_the_solution(log, capsys):
     out = capsys.readouterr().out
     assert out.startswith("✓ within the margin for both budgets: 12,288 bytes: distance_lfu, 384 rows")
     assert "16,384 bytes: distance_lfu, 512 rows" in out
-    # a fixed answer that fits both budgets is a fine answer too
-    lab10.check_table_choice(answer({"rows": 384, "policy": "distance_lfu"}), log, BUDGET, MARGIN)
+
+
+@pytest.mark.parametrize("choose, reason", [
+    # the lab's rows typed in: it fits the lab's budget and a third more, but ignores budget_bytes
+    (answer({"rows": 384, "policy": "distance_lfu"}), "the same rows whatever the budget"),
+    (lambda b: {"rows": -(-b // 32), "policy": "distance_lfu"}, "round down"),  # ceil: exact on the lab's budgets
+    (lambda b: {"rows": round(b / 32), "policy": "distance_lfu"}, "round down"),
+])
+def test_table_choice_asks_a_budget_that_is_not_whole_rows(log, choose, reason):
+    import time
+
+    start = time.perf_counter()
+    rejects(lab10.check_table_choice, choose, log, BUDGET, MARGIN, match=reason)
+    assert time.perf_counter() - start < 5  # judged on bytes alone, before any training
 
 
 @pytest.mark.parametrize("choose, reason", [
@@ -136,7 +149,7 @@ def test_table_choice_rejects_malformed_or_over_budget(log, choose, reason):
 def test_table_choice_measures_and_rejects_policies_below_the_margin(log, policy, hint):
     got = lab10.mean_auc(log, 384, policy)[0]
     assert got < lab10.exact_mean_auc(log) - MARGIN  # measured, not assumed: these fall short at 384 rows
-    message = rejects(lab10.check_table_choice, answer({"rows": 384, "policy": policy}), log, BUDGET, MARGIN, match=hint)
+    message = rejects(lab10.check_table_choice, lambda b: {"rows": b // 32, "policy": policy}, log, BUDGET, MARGIN, match=hint)
     assert f"mean AUC {got:.4f}" in message
 
 
@@ -164,6 +177,10 @@ def test_shard_of_passes_the_solution(capsys):
     (lambda ids, h, w: torch.zeros_like(ids), "disagrees"),  # "everything is on rank 0", true only by default
     (lambda ids, h, w: (ids >= h // 2).long(), "disagrees"),  # two ranks only
     (lambda ids, h, w: ids[:1] // -(-h // w), "shape"),
+    # float division: right on every small size, off by 171 ids per block near 2**63
+    (lambda ids, h, w: ids // math.ceil(h / w), "divides in floating point"),
+    (lambda ids, h, w: torch.floor(ids / -(-h // w)).long(), "divides in floating point"),
+    (lambda ids, h, w: torch.div(ids, int(torch.tensor(h / w).ceil()), rounding_mode="floor"), "disagrees"),  # float32
 ])
 def test_shard_of_rejects(answer, reason):
     rejects(lab10.check_shard_of, answer, match=reason)
@@ -207,6 +224,15 @@ def _sim(a, b):
     (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)), reduction="none"), "a loss is one number"),
     (lambda a, b, t: F.mse_loss(F.normalize(a, dim=1), F.normalize(b, dim=1)), "expected"),
     (lambda a, b, t: good_info_nce(a, b, 0.1), "expected"),  # a temperature typed in
+    (lambda a, b, t: (lambda s: (torch.logsumexp(s.masked_fill(torch.eye(len(a), dtype=torch.bool), float("-inf")), 1)
+                                 - s.diagonal()).mean())(_sim(a, b) / t), "expected"),  # the positive left out of the denominator
+    # the right value, the wrong gradients
+    (lambda a, b, t: good_info_nce(a, b.detach(), t), "no gradient reaches content_emb"),  # content tower never trains
+    (lambda a, b, t: good_info_nce(a.detach(), b, t), "no gradient reaches id_emb"),
+    pytest.param(lambda a, b, t: torch.tensor(float(good_info_nce(a, b, t)), requires_grad=True), "no gradient reaches",
+                 marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")),
+    (lambda a, b, t: F.cross_entropy((a / a.norm(dim=1, keepdim=True).detach()) @ (b / b.norm(dim=1, keepdim=True).detach()).T
+                                     / t, torch.arange(len(a))), "gradient with respect to id_emb"),  # norms detached
 ])
 def test_info_nce_rejects(answer, reason):
     rejects(lab10.check_info_nce, answer, match=reason)

@@ -40,6 +40,11 @@ def test_row_bytes_passes_the_solution(capsys):
         (lambda d, p: d * BITS[p], "bits, not bytes"),
         (lambda d, p: round_up(d * (1 if p.startswith("INT") else BITS[p] // 8) + (4 if p.startswith("INT") else 0), 16),
          "kernel stores"),                                                                   # every integer type as one byte
+        # fp32 rows taken as stored unpadded: right for every width that is a multiple of 4
+        (lambda d, p: d * 4 if p == "FP32" else round_up(d * BITS[p] // 8 + (4 if p.startswith("INT") else 0), 16),
+         "FP32 rows are padded"),
+        # a 2-byte scale and no bias: right wherever values + 4 and values + 2 round up to the same 16 bytes
+        (lambda d, p: round_up(d * BITS[p] // 8 + (2 if p.startswith("INT") else 0), 16), "returned 16; the kernel stores 32"),
     ],
 )
 def test_row_bytes_rejects(wrong, match):
@@ -120,6 +125,17 @@ def test_qcomm_sharder_rejects_codecs_for_the_all_to_all_only():
     rejects(lab11.check_qcomm_sharder,
             lambda f, b, lr, d: sharder_from(f, b, lr, d, comm_ops=[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL]),
             match="reduce-scatter")
+
+
+def test_qcomm_sharder_rejects_precisions_mapped_for_the_lab_s_names_only():
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType
+
+    def fp16_or_bf16(forward, backward, lr, device):  # any name but "FP16" becomes BF16
+        name = {CommType.FP16: "FP16", CommType.BF16: "BF16"}
+        pick = lambda p: name[CommType.FP16 if p == "FP16" else CommType.BF16]  # noqa: E731
+        return sharder_from(pick(forward), pick(backward), lr, device)
+
+    rejects(lab11.check_qcomm_sharder, fp16_or_bf16, match="expected FP16, INT8")
 
 
 def test_qcomm_sharder_rejects_a_registry_for_the_wrong_precision():

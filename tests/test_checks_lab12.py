@@ -67,6 +67,30 @@ def wrong_names():  # the names of torch's nn.TransformerEncoderLayer, not of th
     return {"self_attn.out_proj": row(), "linear1": col(), "linear2": row()}
 
 
+def gathered_outputs():  # torchtitan's output-layer style on every layer: right weights, right math, activations gathered
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {**{n: ColwiseParallel(output_layouts=Replicate()) for n in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1")},
+            **{n: RowwiseParallel(input_layouts=Replicate()) for n in ("attention.wo", "feed_forward.w2")}}
+
+
+def sequence_parallel_outputs():
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return {**good_plan(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def gathered_feed_forward():  # only the feed-forward pair gathers its hidden units
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {**attention_only(), "feed_forward.w1": ColwiseParallel(output_layouts=Replicate()),
+            "feed_forward.w2": RowwiseParallel(input_layouts=Replicate())}
+
+
 @pytest.mark.parametrize("plan, reason", [
     (mlp_only, "attention.wq is not split over tp"),
     (attention_only, "feed_forward.w1 is not split over tp"),
@@ -74,6 +98,11 @@ def wrong_names():  # the names of torch's nn.TransformerEncoderLayer, not of th
     (without_wo, "failed"),
     (all_colwise, "failed"),
     (wrong_names, "which a TowerBlock does not have"),
+    (gathered_outputs, "all-gathers activations over tp 8 times"),
+    (lambda: {**mlp_only(), "attention.wq": row(), "attention.wk": row(), "attention.wv": row(), "attention.wo": col()},
+     "failed"),  # the attention pair swapped: q, k, v row-wise take a whole input as if split
+    (sequence_parallel_outputs, "failed"),  # wo, w2 reduce-scatter over the sequence, but the norms expect it whole
+    (gathered_feed_forward, "all-gathers activations over tp 2 times"),
     (lambda: {}, "a plan is a dict"),
     (lambda: [("attention.wq", col())], "a plan is a dict"),
 ])
@@ -85,8 +114,8 @@ def test_block_plan_rejects(plan, reason):
 
 
 def good_bytes(model, dp, tp):
-    linear = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
-    total = sum(p.numel() * 4 for p in model.parameters())
+    linear = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
     return linear // (dp * tp) + (total - linear) // dp
 
 
@@ -110,6 +139,8 @@ def _linear(model):
     (lambda m, dp, tp: _linear(m) // tp + (_total(m) - _linear(m)), "ignores FSDP"),
     (lambda m, dp, tp: sum(p.numel() for p in m.parameters()) // (dp * tp), "expected"),  # values, not bytes
     (lambda m, dp, tp: 17024, "expected"),  # the lab's measured figure, typed in
+    # fp32 assumed: 4 bytes per value, right for the lab's Tower, twice too much for a bf16 one
+    (lambda m, dp, tp: _linear(m) // (dp * tp) + (_total(m) - _linear(m)) // dp, "it counts 4 bytes per value"),
 ])
 def test_bytes_per_rank_rejects(answer, reason):
     rejects(lab12.check_bytes_per_rank, answer, match=reason)
@@ -172,6 +203,41 @@ def resident_only(world, per_host, model, budget):  # forgets the gathered block
     return None
 
 
+def peak_with(gathered):
+    def choose(world, per_host, model, budget):
+        block = model.layers[0]
+        for tp in range(1, world + 1):
+            if world % tp or _heads(model) % tp or tp > per_host:
+                continue
+            if lab12.reference_bytes(model, world // tp, tp) + gathered(block, world // tp, tp) <= budget:
+                return world // tp, tp
+        return None
+    return choose
+
+
+def _block_gathered(block, tp):
+    return _linear(block) // tp + _total(block) - _linear(block)
+
+
+def under_the_budget(world, per_host, model, budget):  # peak < budget: a budget the peak may reach is refused
+    for tp in range(1, world + 1):
+        if world % tp == 0 and _heads(model) % tp == 0 and tp <= per_host and lab12.reference_peak(model, world // tp, tp) < budget:
+            return world // tp, tp
+    return None
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (peak_with(lambda block, dp, tp: _block_gathered(block, tp)), "with dp = 1 FSDP has nothing to gather"),  # gathers at dp 1
+    (under_the_budget, "also fits with less tensor parallelism"),
+    (peak_with(lambda block, dp, tp: _total(block) // tp if dp > 1 else 0), "33,920 bytes per rank, over"),  # norms split tp ways
+    (lambda w, h, m, b: next(((w // tp, tp) for tp in range(1, h) if w % tp == 0 and _heads(m) % tp == 0  # tp < ranks per host
+                               and lab12.reference_peak(m, w // tp, tp) <= b), None), "tp may equal ranks_per_host"),
+    (lambda w, h, m, b: None if good_mesh(w, h, m, b) is None else good_mesh(w, h, m, b)[::-1], "in that order"),  # (tp, dp)
+])
+def test_choose_mesh_rejects_new_mistakes(answer, reason):
+    rejects(lab12.check_choose_mesh, answer, match=reason)
+
+
 @pytest.mark.parametrize("answer, reason", [
     (largest_tp, "less tensor parallelism"),
     (ignores_hosts, "spans hosts"),
@@ -213,7 +279,14 @@ def test_sampled_softmax_passes_the_solution(capsys):
     (lambda q, c, lq, t: F.cross_entropy(_cos(q, c).T / t - lq[None, :], torch.arange(len(q))), "transposes"),
     (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq.exp()[None, :], torch.arange(len(q))), "expected"),
     (lambda q, c, lq, t: good_sampled(q, c, lq, t).detach(), "no gradient"),
+    (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq[None, :] * (1 - torch.eye(len(q))), torch.arange(len(q))),
+     "corrects the negatives only"),
     (lambda q, c, lq, t: F.cross_entropy(_cos(q, c) / t - lq[None, :], torch.arange(len(q)), reduction="none"), "scalar"),
+    # the right value, the wrong gradients
+    (lambda q, c, lq, t: good_sampled(q, c.detach(), lq, t), "no gradient reaches candidates"),
+    (lambda q, c, lq, t: good_sampled(q.detach(), c, lq, t), "no gradient reaches query"),
+    pytest.param(lambda q, c, lq, t: torch.tensor(float(good_sampled(q, c, lq, t)), requires_grad=True), "no gradient reaches",
+                 marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")),
 ])
 def test_sampled_softmax_rejects(answer, reason):
     rejects(lab12.check_sampled_softmax, answer, match=reason)

@@ -52,6 +52,28 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def same_gradients(name: str, loss: Any, inputs: dict[str, Any], reference: Callable[..., Any], args: tuple, why: str) -> None:
+    """For a loss check, once `loss` has the right value: fail unless backpropagating it gives each of `inputs`
+    (name -> the leaf tensor the learner's function got) the gradient that `reference(*args)` gives the same
+    leading arguments; a loss cut from an input (``.detach()``, ``torch.tensor(loss.item(), requires_grad=True)``)
+    has the right value and the wrong gradients."""
+    import torch
+
+    try:
+        loss.backward()
+    except RuntimeError as error:
+        fail(f"{name}'s loss cannot be backpropagated: {one_line(error)}", "return the loss itself, built with torch operations")
+    fresh = [x.detach().clone().requires_grad_() for x in args[: len(inputs)]]
+    reference(*fresh, *args[len(inputs):]).backward()
+    for (arg, given), want in zip(inputs.items(), fresh):
+        if given.grad is None or not given.grad.abs().sum():
+            fail(f"{name} has the right value, but no gradient reaches {arg}: the loss was cut from it "
+                 "(.detach(), .item(), torch.tensor(...), .data)", why)
+        if not torch.allclose(given.grad, want.grad, rtol=1e-4, atol=1e-6):
+            fail(f"{name} has the right value, but its gradient with respect to {arg} is not the loss's (largest "
+                 f"difference {float((given.grad - want.grad).abs().max()):.2e}): part of it was detached", why)
+
+
 def _unwritten(error: BaseException | None) -> bool:
     """Whether `error` is the ``raise NotImplementedError()`` a lab leaves in an exercise (no message: a
     NotImplementedError with one, such as torch's "Could not run 'aten::...'", is a real answer's error)."""

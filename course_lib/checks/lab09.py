@@ -107,6 +107,10 @@ def plan_estimates(constraints: dict[str, Any] | None, hbm_cap_gib: float = PLAN
     }
 
 
+# ParameterConstraints fields that describe the workload to the planner's estimators, not a choice of plan
+_WORKLOAD_FIELDS = ("pooling_factors", "num_poolings", "batch_sizes", "is_weighted")
+
+
 @exercise
 def check_budget_plan(constraints: Any) -> None:
     """`constraints` (table name -> ``ParameterConstraints``, for some or all of the production tables) must make
@@ -127,11 +131,26 @@ def check_budget_plan(constraints: Any) -> None:
     if wrong:
         fail(f"the constraint of {wrong[0]} is a {type(constraints[wrong[0]]).__name__}",
              "each value is a torchrec ParameterConstraints(sharding_types=[...], compute_kernels=[...], ...)")
+    default = ParameterConstraints()
+    for name, constraint in sorted(constraints.items()):
+        for field in _WORKLOAD_FIELDS:
+            if getattr(constraint, field) != getattr(default, field):
+                fail(f"the constraint of {name} sets {field}={getattr(constraint, field)!r}: that describes the data "
+                     "(ids per bag, bags per step, weights), not the plan",
+                     "the planner then estimates a lighter workload than the model's; leave the workload at its "
+                     "defaults and choose sharding types, kernels and cache load factors")
     try:
         found = plan_estimates(constraints)
     except PlannerError:
         fail(f"the planner finds no plan on {WORLD_SIZE} GPUs of {PLAN_HBM_CAP_GIB} GiB with these constraints",
              "a 100 M x 256 table is 95 GiB in fp32: it must be cut (row-, column-, table-row-wise, grid) or cached")
+    left_out = sorted(names - set(found["tables"]))
+    if left_out:
+        fail(f"the planner's plan places {len(names) - len(left_out)} of {len(names)} tables: "
+             f"{', '.join(left_out[:3])}{' ...' if len(left_out) > 3 else ''} {'is' if len(left_out) == 1 else 'are'} "
+             "on no rank, so its bytes and traffic are in no estimate",
+             "a constraint that this cluster cannot meet (device_group='cpu' on a GPU topology, ...) drops its "
+             "table from the plan: constrain sharding types, kernels and cache load factors")
     hbm, comms = found["max HBM GiB"], found["max comms ms"]
     kinds = sorted({f"{kind} ({kernel})" for kind, kernel in found["tables"].values()})
     said = f"the planner's estimates for your plan ({', '.join(kinds)}): {hbm:.1f} GiB of HBM on the fullest rank, " \
@@ -155,6 +174,7 @@ _LOOKUP_CASES = (
     (131_072, 64, 0.005, 4),
     (4096 * 20, 128, 0.0021, 2),
     (1_000_000, 32, 0.3, 4),
+    (500_000, 96, 0.02, 1),  # int8 rows: neither of the lab's element sizes
 )
 
 
@@ -168,9 +188,12 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
             fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
-        if element != 4 and math.isclose(got, num_ids * dim * 4 / seconds / 1e9, rel_tol=1e-6):
-            fail(f"for {num_ids:,} ids of dim {dim} ({element} bytes each) in {seconds} s: got {got:.4g}, expected "
-                 f"{expected:.4g} GB/s", f"use bytes_per_element: these rows are {element} bytes per element (fp16), not 4")
+        each = f"{element} byte{'s' if element != 1 else ''} each"
+        assumed = [size for size in (4, 2) if size != element and math.isclose(got, num_ids * dim * size / seconds / 1e9, rel_tol=1e-6)]
+        if assumed:
+            fail(f"for {num_ids:,} ids of dim {dim} ({each}) in {seconds} s: got {got:.4g}, expected {expected:.4g} GB/s",
+                 f"use bytes_per_element: these rows are {element} byte{'s' if element != 1 else ''} per element "
+                 f"({ {4: 'fp32', 2: 'fp16', 1: 'int8'}[element]}), not {assumed[0]}")
         ratio = got / expected if expected else float("inf")
         hints = {
             1 / element: "each id reads a row of embedding_dim elements of bytes_per_element bytes each",
@@ -182,7 +205,7 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
         }
         hint = next((h for r, h in hints.items() if math.isclose(ratio, r, rel_tol=1e-3)),
                     "bytes read = ids x embedding_dim x bytes_per_element; divide by the seconds and by 1e9")
-        fail(f"for {num_ids:,} ids of dim {dim} ({element} bytes each) in {seconds} s: got {got:.4g}, expected {expected:.4g} GB/s", hint)
+        fail(f"for {num_ids:,} ids of dim {dim} ({each}) in {seconds} s: got {got:.4g}, expected {expected:.4g} GB/s", hint)
     passed("lookup bandwidth = ids x dim x bytes per element / seconds, in GB/s")
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from course_lib import collisions, data
-from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
+from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten, same_gradients
 
 # ------------------------------------------------------------------------------------------ exercise 1
 
@@ -113,8 +113,8 @@ def exact_mean_auc(log: data.DriftingLog) -> float:
     return _EXACT_CACHE[key][0]
 
 
-def _judge_choice(choice: Any, log: data.DriftingLog, budget_bytes: int, margin: float) -> str:
-    """Fail unless ``choice`` fits ``budget_bytes`` and trains within ``margin`` of the full tables; say how it did."""
+def _valid_choice(choice: Any, budget_bytes: int) -> tuple[int, str]:
+    """Fail unless ``choice`` (the answer for ``budget_bytes``) is a well-formed ``{"rows", "policy"}``."""
     where = f"for a budget of {budget_bytes:,} bytes"
     if not isinstance(choice, Mapping) or set(choice) != {"rows", "policy"}:
         fail(f"choose_table returned {choice!r} {where}: it must return a dict with the keys 'rows' and 'policy'",
@@ -125,9 +125,22 @@ def _judge_choice(choice: Any, log: data.DriftingLog, budget_bytes: int, margin:
     allowed = ("modulo",) + collisions.EVICTION_POLICIES
     if policy not in allowed:
         fail(f"policy must be one of {', '.join(map(repr, allowed))}, got {policy!r}")
+    return rows, policy
+
+
+def _fitting_choice(choice: Any, budget_bytes: int) -> tuple[int, str]:
+    """Fail unless ``choice`` is a well-formed ``{"rows", "policy"}`` whose tables fit ``budget_bytes``."""
+    rows, policy = _valid_choice(choice, budget_bytes)
     if table_bytes(rows) > budget_bytes:
         fail(f"{rows} rows x {EMBEDDING_DIM} fp32 = {table_bytes(rows):,} bytes per table: over the budget of "
              f"{budget_bytes:,}", f"at most {budget_bytes // BYTES_PER_ROW} rows fit; compute them from budget_bytes")
+    return rows, policy
+
+
+def _judge_choice(choice: Any, log: data.DriftingLog, budget_bytes: int, margin: float) -> str:
+    """Fail unless ``choice`` fits ``budget_bytes`` and trains within ``margin`` of the full tables; say how it did."""
+    where = f"for a budget of {budget_bytes:,} bytes"
+    rows, policy = _fitting_choice(choice, budget_bytes)
     exact = exact_mean_auc(log)
     got, per_day = mean_auc(log, rows, policy)
     days = ", ".join(f"{a:.3f}" for a in per_day)
@@ -151,16 +164,31 @@ def check_table_choice(
     each whose mean AUC is within `margin` of tables with a row for every id.
 
     The check asks for the lab's budget and for a third more, trains the lab's model with each answer, and
-    measures.
+    measures. It also asks for a smaller budget that is not a whole number of rows, and checks only that the
+    table fits it: rows come from the budget, rounded down.
     """
-    lines = []
-    for budget in (budget_bytes, budget_bytes * 4 // 3):
+
+    def ask(budget: int) -> Any:
         try:
-            choice = choose_table(budget)
+            return choose_table(budget)
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"choose_table({budget}) raised {one_line(error)}")
-        lines.append(_judge_choice(choice, log, budget, margin))
+
+    small = budget_bytes * 3 // 4 // BYTES_PER_ROW * BYTES_PER_ROW + BYTES_PER_ROW * 3 // 4  # 288.75 rows of the lab's
+    rows, _ = _valid_choice(ask(small), small)
+    if table_bytes(rows) > small:
+        fixed = ask(budget_bytes)
+        fit = small // BYTES_PER_ROW
+        hint = ("it returns the same rows whatever the budget: compute them from budget_bytes"
+                if isinstance(fixed, Mapping) and fixed.get("rows") == rows else
+                f"round down: {small:,} bytes hold {fit} whole rows of {BYTES_PER_ROW} bytes (budget_bytes // {BYTES_PER_ROW})"
+                if rows == fit + 1 else f"at most {fit} rows fit; compute them from budget_bytes")
+        fail(f"choose_table({small:,}) returned {rows} rows: {table_bytes(rows):,} bytes per table, over the budget of "
+             f"{small:,}", hint)
+    lines = []
+    for budget in (budget_bytes, budget_bytes * 4 // 3):
+        lines.append(_judge_choice(ask(budget), log, budget, margin))
     passed("within the margin for both budgets: " + "; ".join(lines))
 
 
@@ -177,12 +205,21 @@ def shard_of(ids: torch.Tensor, input_hash_size: int, world_size: int) -> torch.
     return torch.div(ids, block, rounding_mode="floor")
 
 
+def _edges(input_hash_size: int, world_size: int) -> torch.Tensor:
+    """The first and last id of every block but the first's first."""
+    block = -(-input_hash_size // world_size)
+    edges = [i * block + d for i in range(1, world_size) for d in (-1, 0)] + [input_hash_size - 1]
+    return torch.tensor(edges, dtype=torch.long)
+
+
 def _shard_cases() -> list[tuple[torch.Tensor, int, int]]:
     g = torch.Generator().manual_seed(11)
     return [
         (torch.randint(0, 2**40, (64,), generator=g), 2**40, 2),
         (torch.tensor([0, 332, 333, 334, 666, 667, 668, 999]), 1_000, 3),  # 1,000 / 3 does not divide
-        (torch.randint(0, 2**40, (64,), generator=g), 2**63 - 1, 2),  # the default: every 40-bit id on rank 0
+        # the default: every 40-bit id on rank 0; and ids at the edges of its blocks, where a block computed with
+        # float division (53 bits) is 171 ids short
+        (torch.cat([torch.randint(0, 2**40, (64,), generator=g), _edges(2**63 - 1, 3)]), 2**63 - 1, 3),
         (torch.tensor([0, 1, 2, 3, 7, 8, 9, 10, 11]), 12, 4),
         (torch.randint(0, 10**6, (100,), generator=g), 10**6, 8),
     ]
@@ -207,6 +244,15 @@ def check_shard_of(shard_of_answer: Callable[[torch.Tensor, int, int], Any]) -> 
             fail(f"shard_of spreads ids by id % world_size ({case}): that is how a table-row-wise *row* is "
                  "placed in some systems, not how TorchRec routes a managed-collision id",
                  "TorchRec cuts [0, input_hash_size) into world_size contiguous blocks")
+        float_block = math.ceil(hash_size / world)
+        if float_block != -(-hash_size // world) and (
+            torch.equal(got.long(), torch.div(ids, float_block, rounding_mode="floor"))
+            or torch.equal(got.long(), torch.floor(ids.double() / -(-hash_size // world)).long())
+        ):
+            fail(f"shard_of is off at the edges of the blocks ({case}): it divides in floating point (/, math.ceil), "
+                 f"and a float keeps 53 bits: near 2**63 the block ceil(input_hash_size / world_size) = "
+                 f"{-(-hash_size // world):,} and the ids are rounded", "stay in integers: block = "
+                 "-(-input_hash_size // world_size), then torch.div(ids, block, rounding_mode='floor')")
         if torch.equal(got.long(), torch.div(ids, hash_size // world, rounding_mode="floor")):
             fail(f"shard_of divides by input_hash_size // world_size ({case}): with a size that does not divide, "
                  "the last ids land on a rank that does not exist", "the block is ceil(input_hash_size / world_size)")
@@ -268,13 +314,14 @@ def check_info_nce(info_nce: Callable[[torch.Tensor, torch.Tensor, float], Any])
                  "compute it from id_emb and content_emb with torch operations")
         want = reference_info_nce(a, b, t)
         value = float(got.detach())
-        if math.isclose(value, float(want), rel_tol=1e-5, abs_tol=1e-6):
-            continue
-        for mistake, wrong in _info_nce_mistakes(a, b, t).items():
-            if math.isclose(value, float(wrong), rel_tol=1e-5, abs_tol=1e-6):
-                fail(f"info_nce gave {value:.4f}, expected {float(want):.4f}: it {mistake}")
-        fail(f"info_nce gave {value:.4f} on {len(a)} pairs at temperature {t}, expected {float(want):.4f}",
-             "cosine similarities of every id row with every content row, divided by the temperature; "
-             "cross-entropy of each row against its own index, averaged")
+        if not math.isclose(value, float(want), rel_tol=1e-5, abs_tol=1e-6):
+            for mistake, wrong in _info_nce_mistakes(a, b, t).items():
+                if math.isclose(value, float(wrong), rel_tol=1e-5, abs_tol=1e-6):
+                    fail(f"info_nce gave {value:.4f}, expected {float(want):.4f}: it {mistake}")
+            fail(f"info_nce gave {value:.4f} on {len(a)} pairs at temperature {t}, expected {float(want):.4f}",
+                 "cosine similarities of every id row with every content row, divided by the temperature; "
+                 "cross-entropy of each row against its own index, averaged")
+        same_gradients("info_nce", got, {"id_emb": a_in, "content_emb": b_in}, reference_info_nce, (a, b, t),
+                        "the alignment loss is what trains both sides: the id rows and the content tower")
     passed("info_nce: cosine similarities / temperature, ids choose among content rows, averaged "
            "(2 fresh cases, gradients flow)")

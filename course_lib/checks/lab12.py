@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from course_lib import parallel2d
-from course_lib.checks import exercise, fail, launch_quietly, one_line, passed, raise_if_unwritten
+from course_lib.checks import exercise, fail, launch_quietly, one_line, passed, raise_if_unwritten, same_gradients
 
 # Where each Linear's weight must be split over the tp mesh dimension: column-wise layers split their
 # output features (weight dim 0), row-wise layers their input features (weight dim 1).
@@ -56,6 +56,14 @@ def check_block_plan(block_plan: Callable[[], Mapping[str, Any]], launch: Callab
             kind = "column-wise (its output features, weight dim 0)" if want == "S(0)" else "row-wise (its input features, weight dim 1)"
             fail(f"{layer}'s weight is split {tp} over tp; it should be split {kind}",
                  "q, k, v and w1 column-wise; wo and w2 row-wise, so each pair costs one all-reduce")
+    tp_group = (0, 1)  # rank 0's tensor-parallel group on train_2d's (dp, tp) = (2, 2) mesh
+    gathers = [c for c in report["forward_collectives"] if c.op == "all_gather" and tuple(c.group_ranks) == tp_group]
+    if gathers:
+        fail(f"the weights are split right, but one forward all-gathers activations over tp {len(gathers)} times "
+             f"({sum(c.bytes_out for c in gathers):,} bytes on rank 0): every tp rank then computes every head or hidden "
+             "unit after the gather", "keep a column-wise layer's output split and let the row-wise layer take it split: "
+             "ColwiseParallel() and RowwiseParallel() with their default layouts (no output_layouts=Replicate() or "
+             "input_layouts=Replicate()), so each attention and each feed-forward costs one all-reduce")
     passed(f"tensor-parallel plan: q, k, v, w1 column-wise, wo, w2 row-wise; the 2 x 2 model equals one process "
            f"(loss {report['loss_diff']:.1e}, weights {report['param_diff']:.1e})")
 
@@ -72,11 +80,13 @@ def reference_bytes(model: nn.Module, dp: int, tp: int) -> int:
 
 
 def _bytes_cases() -> list[tuple[parallel2d.Tower, int, int]]:
+    import torch
+
     return [
         (parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=2), 2, 2),
         (parallel2d.Tower(dim=48, n_heads=6, hidden=96, n_layers=3), 1, 4),
         (parallel2d.Tower(dim=64, n_heads=8, hidden=256, n_layers=1), 4, 2),
-        (parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=4), 8, 1),
+        (parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=4).to(torch.bfloat16), 8, 1),  # 2 bytes per value
     ]
 
 
@@ -105,6 +115,11 @@ def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -
             fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it ignores tensor parallelism")
         if got == total // tp or got == linear // tp + (total - linear):
             fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it ignores FSDP over dp")
+        size = next(model.parameters()).element_size()
+        if size != 4 and got == want * 4 // size:
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it counts 4 bytes per value, but this "
+                 f"Tower is {str(next(model.parameters()).dtype).removeprefix('torch.')} ({size} bytes per value)",
+                 "count each parameter's bytes: p.numel() * p.element_size()")
         fail(f"bytes_per_rank gave {got!r} for {case}, expected {want:,}",
              "Linear weights / (dp * tp) + the other parameters / dp, in bytes (fp32: 4 per value)")
     passed("bytes_per_rank: Linear weights split dp x tp ways, LayerNorms dp ways (4 layouts, 4 model sizes)")
@@ -141,11 +156,13 @@ def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
     wide = parallel2d.Tower(dim=48, n_heads=6, hidden=192, n_layers=2)
     return [
         (4, 2, small, 40_000, "the lab's model, 4 ranks on 2 hosts of 2, 40,000 bytes"),
-        (4, 2, small, 60_000, "the same with 60,000 bytes"),
-        (4, 2, small, 30_000, "the same with 30,000 bytes"),
+        # exactly pure FSDP's peak: a budget is a limit the peak may reach
+        (4, 2, small, reference_peak(small, 4, 1), f"the same with {reference_peak(small, 4, 1):,} bytes"),
+        # a byte under (2, 2)'s peak: nothing fits, unless the peak is underestimated
+        (4, 2, small, reference_peak(small, 2, 2) - 1, f"the same with {reference_peak(small, 2, 2) - 1:,} bytes"),
         (8, 4, wide, 90_000, "6 heads, 8 ranks on 2 hosts of 4, 90,000 bytes"),
         (8, 4, wide, 60_000, "6 heads, 8 ranks on 2 hosts of 4, 60,000 bytes"),
-        (6, 6, wide, 80_000, "6 heads, 6 ranks on one host, 80,000 bytes"),
+        (6, 6, wide, 40_000, "6 heads, 6 ranks on one host, 40,000 bytes"),  # only tp = 6, dp = 1: nothing gathered
     ]
 
 
@@ -163,9 +180,15 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
         if got == want:
             continue
         if got is None:
-            fail(f"choose_mesh returned None for {what}, but {want} fits")
+            fail(f"choose_mesh returned None for {what}, but {want} fits (peak {reference_peak(model, *want):,} bytes)",
+                 "with dp = 1 FSDP has nothing to gather: the peak is what the rank holds" if want[0] == 1 else
+                 "a rank may reach the budget, not only stay under it" if reference_peak(model, *want) == budget else
+                 ("tp may equal ranks_per_host (a tp group that fills a host stays inside it); and " if want[1] == per_host
+                  else "") + "the peak is what a rank holds plus the one block FSDP gathers, its Linear weights split tp ways")
         if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
             fail(f"choose_mesh returned {got!r} for {what}: return a pair (dp, tp) of ints, or None")
+        if want is not None and got == (want[1], want[0]):
+            fail(f"choose_mesh returned {got} for {what}; expected {want}: the pair is (dp, tp), in that order")
         dp, tp = got
         heads = model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
         if dp * tp != world:
@@ -206,6 +229,8 @@ def _sampled_softmax_mistakes(q: Any, c: Any, log_q: Any, t: float) -> dict[str,
             F.cross_entropy(q @ c.T / t - log_q[None, :], labels),
         "transposes the similarity matrix: each query row chooses among the candidates":
             F.cross_entropy(sim.T / t - log_q[None, :], labels),
+        "corrects the negatives only: subtract log_q from every candidate's logit, the row's own positive too":
+            F.cross_entropy(sim / t - log_q[None, :] * (1 - torch.eye(len(q))), labels),
     }
 
 
@@ -236,11 +261,12 @@ def check_sampled_softmax(sampled_softmax: Callable[..., Any]) -> None:
             fail("sampled_softmax returned a tensor with no gradient: it was detached from query and candidates")
         want = float(reference_sampled_softmax(q, c, log_q, t))
         value = float(got.detach())
-        if math.isclose(value, want, rel_tol=1e-5, abs_tol=1e-6):
-            continue
-        for mistake, wrong in _sampled_softmax_mistakes(q, c, log_q, t).items():
-            if math.isclose(value, float(wrong), rel_tol=1e-5, abs_tol=1e-6):
-                fail(f"sampled_softmax gave {value:.4f}, expected {want:.4f}: it {mistake}")
-        fail(f"sampled_softmax gave {value:.4f} on a batch of {len(q)} at temperature {t}, expected {want:.4f}",
-             "cosine similarities / temperature, minus log_q per column, cross-entropy against each row's own index")
+        if not math.isclose(value, want, rel_tol=1e-5, abs_tol=1e-6):
+            for mistake, wrong in _sampled_softmax_mistakes(q, c, log_q, t).items():
+                if math.isclose(value, float(wrong), rel_tol=1e-5, abs_tol=1e-6):
+                    fail(f"sampled_softmax gave {value:.4f}, expected {want:.4f}: it {mistake}")
+            fail(f"sampled_softmax gave {value:.4f} on a batch of {len(q)} at temperature {t}, expected {want:.4f}",
+                 "cosine similarities / temperature, minus log_q per column, cross-entropy against each row's own index")
+        same_gradients("sampled_softmax", got, {"query": qi, "candidates": ci}, reference_sampled_softmax, (q, c, log_q, t),
+                       "the loss trains both towers: the query encoder and the candidates' item embeddings")
     passed("sampled_softmax: cosine / temperature - log q per candidate, each query against its own target (2 fresh batches)")
