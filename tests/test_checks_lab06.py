@@ -319,6 +319,21 @@ def build_on_the_cpu_then_reset(mesh):  # the lab's steps after sharding, but th
     return model
 
 
+def build_materialized_before_sharding(mesh):  # on meta, but to_empty before fully_shard: whole on every rank
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
+    model.to_empty(device="cpu")
+    reset_every_module(model)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def build_seeded_by_rank(mesh):  # each rank its own seed: the replicas start apart
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -392,6 +407,7 @@ def test_hsdp_check_accepts_the_solution(capsys):
         (hsdp_mesh, build_whole_on_the_cpu, "built the TinyTransformer on cpu"),
         (hsdp_mesh, build_on_the_cpu_then_reset, "built the TinyTransformer on cpu"),
         (hsdp_mesh, build_seeded_by_rank, "the ranks start from different weights"),
+        (hsdp_mesh, build_materialized_before_sharding, "called to_empty before fully_shard"),
         (hsdp_mesh, build_blocks_on_the_default_mesh,
          "placed \\(Replicate\\(\\), Shard\\(dim=0\\)\\), \\(Shard\\(dim=0\\),\\)"),
     ],

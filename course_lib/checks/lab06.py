@@ -309,7 +309,15 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
         make(self, *args, **kwargs)
         built.append(sorted({p.device.type for p in self.parameters()}))
 
+    whole: list[str] = []  # parameters that to_empty allocated before fully_shard cut them
+    materialize = torch.nn.Module.to_empty
+
+    def recording_to_empty(self: Any, *args: Any, **kwargs: Any) -> Any:
+        whole.extend(name for name, p in self.named_parameters() if p.is_meta and not is_sharded(p))
+        return materialize(self, *args, **kwargs)
+
     TinyTransformer.__init__ = recording_init  # type: ignore[method-assign]
+    torch.nn.Module.to_empty = recording_to_empty  # type: ignore[method-assign]
     try:
         model = build_hsdp(mesh)
     except Exception as error:  # noqa: BLE001
@@ -318,7 +326,9 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
         return report
     finally:
         TinyTransformer.__init__ = make  # type: ignore[method-assign]
+        torch.nn.Module.to_empty = materialize  # type: ignore[method-assign]
     report["built whole on"] = sorted({d for devices in built for d in devices if d != "meta"})
+    report["materialized whole"] = whole
     if not isinstance(model, torch.nn.Module):
         report["error"] = f"build_hsdp(mesh) returned a {type(model).__name__}, not the model"
         return report
@@ -450,6 +460,14 @@ def check_hsdp(
             "whole model before sharding it (fine here, impossible for a model that does not fit one rank)",
             "TinyTransformer(**lab06.HSDP_MODEL, device='meta'), fully_shard block by block and the root, then "
             "model.to_empty(device='cpu') and reset_parameters()",
+        )
+    if report.get("materialized whole"):
+        names = report["materialized whole"]
+        fail(
+            f"build_hsdp called to_empty before fully_shard: {len(names)} parameters ({', '.join(names[:2])}, ...) "
+            "were allocated whole on every rank, then cut",
+            "fully_shard block by block and the root while the model is on meta; then model.to_empty(device='cpu') "
+            "allocates only each rank's shards (and reset_parameters() fills them)",
         )
     if report["uninitialized"]:
         names = report["uninitialized"]
