@@ -69,6 +69,14 @@ def plain_sgd(learning_rate):
     )
 
 
+_FUSED_PARAMS = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+
+
+def one_shared_dict(learning_rate):  # each call updates the dict the previous sharder holds
+    _FUSED_PARAMS["learning_rate"] = learning_rate
+    return EmbeddingBagCollectionSharder(fused_params=_FUSED_PARAMS)
+
+
 def test_rowwise_sharder_check_accepts_the_solution(capsys):
     lab05.check_rowwise_sharder(rowwise_adagrad_sharder)
     assert capsys.readouterr().out.startswith("✓")
@@ -86,6 +94,7 @@ def test_rowwise_sharder_check_accepts_the_solution(capsys):
         (a_list_of_sharders, "returned a list"),
         (adam_on_cpu, "raised"),
         (plain_sgd, "keeps no state"),
+        (one_shared_dict, "both sharders hold the same fused_params dict"),
     ],
 )
 def test_rowwise_sharder_check_rejects_wrong_answers(wrong, words):
@@ -137,6 +146,17 @@ def unkeyed_dense_optimizer(model, make_dense):
     return CombinedOptimizer([model.fused_optimizer, make_dense(params)])
 
 
+def names_the_fused_tables(model, make_dense):  # the tables the lab's plan fused, typed in
+    params = {n: p for n, p in model.named_parameters() if "t_user" not in n and "t_item" not in n}
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])
+
+
+def names_the_data_parallel_tables(model, make_dense):  # the dense layers and the tables the lab's plan replicated
+    params = {n: p for n, p in model.named_parameters()
+              if "embedding_bags" not in n or "t_category" in n or "t_terms" in n}
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])
+
+
 def test_combined_optimizer_check_accepts_the_solution(capsys):
     lab05.check_combined_optimizer(combined_optimizer)
     assert capsys.readouterr().out.startswith("✓")
@@ -153,6 +173,8 @@ def test_combined_optimizer_check_accepts_the_solution(capsys):
         (only_the_fused_optimizer, "never called make_dense"),
         (reversed_filter, "Duplicate param key|unchanged"),
         (unkeyed_dense_optimizer, "raised"),
+        (names_the_fused_tables, "with another plan .*Duplicate param key"),
+        (names_the_data_parallel_tables, "with another plan .*Duplicate param key"),
     ],
 )
 def test_combined_optimizer_check_rejects_wrong_answers(wrong, words):
@@ -218,6 +240,14 @@ def the_measurement_looked_up(num_rows, embedding_dim, world_size, optimizer):
     return MEASURED[optimizer]
 
 
+def the_lab_width(num_rows, embedding_dim, world_size, optimizer):  # 16 typed in for embedding_dim
+    return state_bytes_per_rank(num_rows, 16, world_size, optimizer)
+
+
+def the_lab_world(num_rows, embedding_dim, world_size, optimizer):  # 2 typed in for world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, 2, optimizer)
+
+
 def test_state_bytes_check_accepts_the_solution(capsys):
     lab05.check_state_bytes(state_bytes_per_rank, MEASURED, ROWS, DIM, WORLD)
     assert capsys.readouterr().out.startswith("✓")
@@ -235,6 +265,8 @@ def test_state_bytes_check_accepts_the_solution(capsys):
         (weights_and_state_but_not_for_sgd, "weights are not optimizer state"),
         (half_precision, "fp32"),
         (the_measurement_looked_up, "expected"),
+        (the_lab_width, "use the embedding_dim argument"),
+        (the_lab_world, "use the world_size argument"),
     ],
 )
 def test_state_bytes_check_rejects_wrong_answers(wrong, words):

@@ -102,6 +102,13 @@ def shard_every_linear(model):
     fully_shard(model)
 
 
+def shard_the_blocks_as_one_group(model):  # fully_shard of a list: one group, one all-gather for every block
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(list(model.layers))
+    fully_shard(model)
+
+
 def not_written(model):
     raise NotImplementedError()
 
@@ -124,6 +131,7 @@ def test_shard_check_accepts_the_solution(capsys):
         (shard_without_resharding, "reshard_after_forward"),
         (shard_the_embedding_too, "of its own besides the blocks"),
         (shard_every_linear, "are groups of its own besides"),
+        (shard_the_blocks_as_one_group, "layers.0, layers.1, layers.2 are one FSDP group"),
         (not_written, "not written yet"),
     ],
 )
@@ -173,6 +181,11 @@ def predict_for_two_ranks(num_params, world_size):  # world_size typed in
     return predict_solution(num_params, 2)
 
 
+def predict_bf16(num_params, world_size):  # 2 bytes a parameter and a gradient
+    return {**predict_solution(num_params, world_size), "params": 2 * num_params / world_size,
+            "grads": 2 * num_params / world_size}
+
+
 def test_bytes_check_accepts_the_solution(capsys):
     lab06.check_bytes_prediction(predict_solution)
     assert capsys.readouterr().out.startswith("✓")
@@ -189,6 +202,7 @@ def test_bytes_check_accepts_the_solution(capsys):
         (predict_zero1, "under DDP"),
         (predict_no_grads, "grads"),
         (predict_for_two_ranks, "on 4 ranks"),
+        (predict_bf16, "fp32 \\(4 bytes a value\\), not bf16"),
         (lambda n, w: [1, 2, 3], "return a dict"),
         (lambda n, w: {"params": "4N", "grads": 0, "optimizer": 0}, "number of bytes"),
     ],
@@ -285,6 +299,93 @@ def build_without_reset(mesh):
     return model
 
 
+def build_whole_on_the_cpu(mesh):  # the model allocated whole on every rank, then sharded
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(**lab06.HSDP_MODEL)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def build_on_the_cpu_then_reset(mesh):  # the lab's steps after sharding, but the model was built whole first
+    model = build_whole_on_the_cpu(mesh)
+    model.to_empty(device="cpu")
+    reset_every_module(model)
+    return model
+
+
+def build_materialized_before_sharding(mesh):  # on meta, but to_empty before fully_shard: whole on every rank
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
+    model.to_empty(device="cpu")
+    reset_every_module(model)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def build_seeded_by_rank(mesh):  # each rank its own seed: the replicas start apart
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(dist.get_rank())
+    model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    reset_every_module(model)
+    return model
+
+
+def build_with_meta_context(mesh):  # meta through torch.device("meta"): right too
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = TinyTransformer(**lab06.HSDP_MODEL)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    reset_every_module(model)
+    return model
+
+
+def test_hsdp_check_accepts_a_model_built_in_a_meta_device_context(capsys):
+    lab06.check_hsdp(hsdp_mesh, build_with_meta_context)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def build_blocks_on_the_default_mesh(mesh):  # the blocks sharded over all 4 ranks, the root over the 2-D mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    reset_every_module(model)
+    return model
+
+
 def test_hsdp_check_accepts_the_solution(capsys):
     lab06.check_hsdp(hsdp_mesh, build_hsdp)
     assert capsys.readouterr().out.startswith("✓")
@@ -303,6 +404,12 @@ def test_hsdp_check_accepts_the_solution(capsys):
         (hsdp_mesh, lambda mesh: build_hsdp(mesh, shard_mesh=mesh["shard"]), "Shard\\(dim=0\\),\\) ?, HSDP|placed"),
         (hsdp_mesh, lambda mesh: build_hsdp(mesh, blocks=False), "one per block and the root"),
         (hsdp_mesh, lambda mesh: None, "returned a NoneType"),
+        (hsdp_mesh, build_whole_on_the_cpu, "built the TinyTransformer on cpu"),
+        (hsdp_mesh, build_on_the_cpu_then_reset, "built the TinyTransformer on cpu"),
+        (hsdp_mesh, build_seeded_by_rank, "the ranks start from different weights"),
+        (hsdp_mesh, build_materialized_before_sharding, "called to_empty before fully_shard"),
+        (hsdp_mesh, build_blocks_on_the_default_mesh,
+         "placed \\(Replicate\\(\\), Shard\\(dim=0\\)\\), \\(Shard\\(dim=0\\),\\)"),
     ],
 )
 def test_hsdp_check_rejects_wrong_answers(mesh, build, words):

@@ -49,6 +49,23 @@ class BroadcastDenseArchOnly(DataParallelWrapper):  # one dense module synchroni
             fully_shard(module)
 
 
+class BroadcastTheWeightsOnly(DataParallelWrapper):  # the biases keep each rank's own values
+    def wrap(self, dmp, env, device):
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        dense = (dlrm.dense_arch, dlrm.over_arch)
+        with torch.no_grad():
+            for module in dense:
+                for name, p in module.named_parameters():
+                    if name.endswith("weight"):
+                        dist.broadcast(p.data, src=0)
+        for module in dense:
+            fully_shard(module)
+
+
 class BroadcastFromRank1(DataParallelWrapper):
     def wrap(self, dmp, env, device):
         import torch.distributed as dist
@@ -176,6 +193,7 @@ def test_wrapper_check_accepts_the_solution_and_the_library_wrapper(capsys):
         (object, "expected a DataParallelWrapper"),
         (ShardWithoutBroadcast, "patchwork"),
         (BroadcastDenseArchOnly, "patchwork .*over_arch"),
+        (BroadcastTheWeightsOnly, "patchwork of rank 0's and rank 1's rows in every bias"),
         (BroadcastFromRank1, "rank 1's dense weights"),
         (AverageTheWeights, "mean of the ranks' initial weights"),
         (ReseedAndReinitialise, "not rank 0's initial weights"),
@@ -241,6 +259,14 @@ def cut_the_last_dim(shapes, world_size, rank):  # Shard(-1) instead of Shard(0)
     return total
 
 
+def remainder_to_the_first_ranks(shapes, world_size, rank):  # numpy.array_split, not torch.chunk
+    return sum(16 * (s[0] // world_size + (rank < s[0] % world_size)) * math.prod(s[1:]) for s in shapes.values())
+
+
+def no_gradients(shapes, world_size, rank):  # "gradients are freed": param and Adam's two states only
+    return fsdp_dense_bytes(shapes, world_size, rank) * 12 // 16
+
+
 def not_written(shapes, world_size, rank):
     raise NotImplementedError()
 
@@ -262,6 +288,8 @@ def test_bytes_check_accepts_the_solution(capsys):
         (floor_rows, "you predicted"),
         (last_rank_gets_the_rest, "you predicted"),
         (cut_the_last_dim, "you predicted"),
+        (remainder_to_the_first_ranks, "numpy.array_split"),
+        (no_gradients, "count the gradient too"),
     ],
 )
 def test_bytes_check_rejects_wrong_answers(wrong, words):

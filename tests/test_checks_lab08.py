@@ -104,6 +104,15 @@ class StepReadButNotKept(AppState):  # reads the step into a local name
         step = state_dict["step"]  # noqa: F841
 
 
+class SnapshotAtInit(AppState):  # the state dict made once, in __init__: a save writes the app as it was then
+    def __init__(self, model, optimizer, step=0):
+        super().__init__(model, optimizer, step)
+        self._state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+
+    def state_dict(self):
+        return self._state
+
+
 def test_app_state_check_accepts_the_solution(capsys):
     lab08.check_app_state(AppState)
     assert capsys.readouterr().out.startswith("✓")
@@ -122,6 +131,7 @@ def test_app_state_check_accepts_the_solution(capsys):
         (LoadsFusedOptimizerOnly, "Different parameter count"),  # the combined state into the fused optimizer
         (RebindsInsteadOfLoading, "does not restore the model's weights"),
         (StepReadButNotKept, "the step was not restored"),
+        (SnapshotAtInit, "the checkpoint says step 0, but dcp.save ran at step 3"),
     ],
 )
 def test_app_state_check_rejects_wrong_answers(wrong, words):
@@ -173,6 +183,18 @@ def save_on_rank_zero_only(app, root):
     folder = os.path.join(root, checkpoint.step_folder(app.step))
     if dist.get_rank() == 0:  # as with torch.save; but dcp.save is a collective: rank 0 waits for rank 1
         dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
+def save_on_rank_zero_without_a_group(app, root):  # no hang, but rank 1's shards are never written
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    if dist.get_rank() == 0:
+        dcp.save({"app": app}, checkpoint_id=folder, no_dist=True)
     return folder
 
 
@@ -228,6 +250,7 @@ def test_save_check_accepts_the_solution(capsys):
         (save_without_the_step, "Missing key .*app.step"),
         (save_under_another_key, "(?s)cannot be loaded as .*under the key 'app'"),
         (save_the_fused_optimizer_only, "cannot be loaded as .*Missing key .*exp_avg|cannot be loaded as .*Missing key"),
+        (save_on_rank_zero_without_a_group, "only rank 0 wrote its shards"),
     ],
 )
 def test_save_check_rejects_wrong_answers(wrong, words):
@@ -343,6 +366,19 @@ def reload_without_the_step(path, config, per_table):  # model and optimizer bac
     return checkpoint.AppState(model, optimizer)
 
 
+def reload_initialising_adam_after_the_load(path, config, per_table):  # the zero step overwrites what was loaded
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    model = _sharded(config, per_table)
+    optimizer = training.optimizer(model)
+    app = checkpoint.AppState(model, optimizer)
+    dcp.load({"app": app}, checkpoint_id=path)
+    checkpoint.init_optimizer_state(optimizer)
+    return app
+
+
 def test_reload_check_accepts_the_solution(capsys):
     lab08.check_reload(reload)
     assert capsys.readouterr().out.startswith("✓")
@@ -356,6 +392,7 @@ def test_reload_check_accepts_the_solution(capsys):
         (reload_without_initialising_adam, "Adam's state was not restored"),
         (reload_the_model_only, "the optimizer's state was not restored"),
         (reload_without_the_step, "the reloaded step is 0"),
+        (reload_initialising_adam_after_the_load, "Adam's state was not restored"),
     ],
 )
 def test_reload_check_rejects_wrong_answers(wrong, words):
@@ -457,6 +494,19 @@ def mixed_as_saved(path, config, per_table):  # ignores the layout it was given
                                  for i, t in enumerate(config.tables(16))})
 
 
+def mixed_names_the_tables(path, config, per_table):  # skips the tables that move in mixed_layout(), by name
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    model, optimizer = _mixed_app(path, config, per_table)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
+    state["optimizer"] = {"state": {p: v for p, v in state["optimizer"]["state"].items()
+                                    if "t_category" not in p and "t_terms" not in p}}
+    dcp.load({"app": state}, checkpoint_id=path)
+    return checkpoint.AppState(model, optimizer, state["step"])
+
+
 def test_mixed_reload_check_accepts_the_solution(capsys):
     lab08.check_mixed_reload(reload_mixed)
     assert capsys.readouterr().out.startswith("✓")
@@ -471,6 +521,7 @@ def test_mixed_reload_check_accepts_the_solution(capsys):
         (mixed_without_initialising_adam, "Adam's state of the dense part"),
         (mixed_adagrad_into_adam, "not a fresh one"),
         (mixed_as_saved, "the layout asks for"),
+        (mixed_names_the_tables, "(?s)with another layout .*decide from per_table"),
     ],
 )
 def test_mixed_reload_check_rejects_wrong_answers(wrong, words):

@@ -37,6 +37,8 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
     try:
         second = make_sharder(_SECOND_LEARNING_RATE)
         second_lr = (getattr(second, "fused_params", None) or {}).get("learning_rate")
+        first_params = getattr(sharder, "fused_params", None)
+        shared = second is not sharder and first_params is not None and first_params is getattr(second, "fused_params", None)
     except Exception as error:
         return {"error": f"rowwise_adagrad_sharder({_SECOND_LEARNING_RATE}) raised {one_line(error)}"}
     try:
@@ -50,6 +52,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
         "states": [(row["state"], row["local shape"]) for row in optimizers.state_rows(model.fused_optimizer)],
         "lr": [group["lr"] for group in model.fused_optimizer.param_groups],
         "second lr": second_lr,
+        "shared params": shared,
     }
 
 
@@ -99,6 +102,13 @@ def check_rowwise_sharder(
             "use EmbOptimType.EXACT_ROWWISE_ADAGRAD",
         )
     lr = report["lr"][0]
+    if report.get("shared params") and not math.isclose(lr, _LEARNING_RATE, rel_tol=1e-5):
+        fail(
+            f"rowwise_adagrad_sharder({_SECOND_LEARNING_RATE}) changed the learning rate of the sharder that "
+            f"rowwise_adagrad_sharder({_LEARNING_RATE}) had returned (now {lr:.4g}): both sharders hold the same "
+            "fused_params dict",
+            "build a new fused_params dict in each call instead of updating one shared dict",
+        )
     if not math.isclose(lr, _LEARNING_RATE, rel_tol=1e-5):
         hint = (
             "0.01 is fbgemm's default: pass the learning rate as fused_params['learning_rate']"
@@ -118,21 +128,48 @@ def check_rowwise_sharder(
 # ------------------------------------------------------------------------------------------ exercise 2
 
 
-def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str, Any]:
-    """Runs on every rank: shard the lab's DLRM (fused Adagrad sharder), build the learner's optimizer, step."""
+# A second plan, with other tables data-parallel than the planner's (t_category and t_terms on 2 ranks): an
+# answer that names the tables the lab printed, instead of asking the model which parameters are fused, fails it.
+_OTHER_DATA_PARALLEL = ("t_user", "t_terms")
+
+
+def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> list[dict[str, Any]]:
+    """Runs on every rank: shard the lab's DLRM (fused Adagrad sharder) by the planner, then by a plan with other
+    data-parallel tables; for each, build the learner's optimizer and step."""
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.sharding_plan import data_parallel, table_wise
 
     from course_lib import models, planning, training
 
-    torch.manual_seed(0)
-    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
-    sharders = training.sharders()
-    plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
-        model, sharders, dist.GroupMember.WORLD
-    )
-    dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=sharders)
+    reports = []
+    for planned in (True, False):
+        torch.manual_seed(0)
+        model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+        sharders = training.sharders()
+        if planned:
+            plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
+                model, sharders, dist.GroupMember.WORLD
+            )
+        else:
+            per_table = {t.name: data_parallel() if t.name in _OTHER_DATA_PARALLEL
+                         else table_wise(rank=i % dist.get_world_size(), compute_kernel="fused")
+                         for i, t in enumerate(_CHECK_CONFIG.tables(16))}
+            plan = training.model_plan(model, per_table, dist.get_world_size())
+        dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=sharders)
+        reports.append(_combined_step(combined_optimizer, dmp))
+        if "error" in reports[-1]:
+            break
+    return reports
+
+
+def _combined_step(combined_optimizer: Callable[[Any, Any], Any], dmp: Any) -> dict[str, Any]:
+    """The learner's optimizer for `dmp`, one training step with it, and what it changed and holds."""
+    import torch.distributed as dist
+
+    from course_lib import training
+
     fused_names = {name for name, _ in _fused_parameters(dmp)}
     made: list[Any] = []
 
@@ -158,7 +195,7 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> dict[str
     parameters = dict(dmp.named_parameters())
     return {
         "type": type(optimizer).__name__,
-        "make_dense calls": len(made),
+        "make dense calls": len(made),
         "missing fused state": sorted(fused_state - state_names),
         "not updated": sorted(
             name.replace("model.", "").replace("sparse_arch.embedding_bag_collection.embedding_bags.", "")
@@ -186,11 +223,27 @@ def check_combined_optimizer(
 
     The check shards the lab's DLRM with the course's fused Adagrad sharder on 2 ranks (two tables fused
     table-wise, two data-parallel), trains one step with Adam as the dense optimizer, and reads what changed
-    and what the optimizer's ``state_dict`` holds.
+    and what the optimizer's ``state_dict`` holds; then again with a plan where other tables are data-parallel.
     """
     if launch is None:
         from course_lib import launch
-    reports = launch(_combined_on_rank, combined_optimizer, world_size=2, show_ranks=[])
+    per_rank = launch(_combined_on_rank, combined_optimizer, world_size=2, show_ranks=[])
+    for index in range(max(len(reports) for reports in per_rank)):
+        reports = [rank_reports[index] for rank_reports in per_rank if index < len(rank_reports)]
+        where = "" if index == 0 else (
+            f"with another plan ({' and '.join(_OTHER_DATA_PARALLEL)} data-parallel, the other tables fused), ")
+        generic = "" if index == 0 else (
+            "; ask the model which parameters a fused kernel updates (in_backward_optimizer_filter), rather than "
+            "naming the tables or layers the lab's plan printed")
+        _judge_combined(reports, where, generic)
+    passed(
+        f"one {per_rank[0][0]['type']}: the fused tables' state is in its state_dict, and every other parameter "
+        "(dense layers, data-parallel tables) steps with the dense optimizer"
+    )
+
+
+def _judge_combined(reports: list[dict[str, Any]], where: str, generic: str) -> None:
+    """Fail with what is wrong in the ranks' `reports` of one plan; `where` and `generic` name that plan."""
     for report in reports:
         if "error" in report:
             message = report["error"]
@@ -200,30 +253,26 @@ def check_combined_optimizer(
                 if "Duplicate param key" in message
                 else "CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])"
             )
-            fail(message, hint)
+            fail(where + message, hint + generic)
     for rank, report in enumerate(reports):
-        if report["make_dense calls"] == 0:
+        if report["make dense calls"] == 0:
             fail(
-                "combined_optimizer never called make_dense: the dense part steps with an optimizer the caller "
-                "did not ask for",
+                where + "combined_optimizer never called make_dense: the dense part steps with an optimizer the "
+                "caller did not ask for",
                 "build the dense optimizer with the make_dense you are given: KeyedOptimizerWrapper(params, make_dense)",
             )
         if report["missing fused state"]:
             fail(
-                f"the optimizer's state_dict on rank {rank} lacks the fused tables' state "
+                f"{where}the optimizer's state_dict on rank {rank} lacks the fused tables' state "
                 f"({', '.join(report['missing fused state'])}): a checkpoint of it would lose it",
                 "the fused state lives in model.fused_optimizer (torchrec #2104): put it in the CombinedOptimizer",
             )
         if report["not updated"]:
             fail(
-                f"one step left these parameters unchanged on rank {rank}: {', '.join(report['not updated'])}",
+                f"{where}one step left these parameters unchanged on rank {rank}: {', '.join(report['not updated'])}",
                 "every parameter that no fused kernel updates (data-parallel tables too) needs the dense "
-                "optimizer: in_backward_optimizer_filter(model.named_parameters())",
+                "optimizer: in_backward_optimizer_filter(model.named_parameters())" + generic,
             )
-    passed(
-        f"one {reports[0]['type']}: the fused tables' state is in its state_dict, and every other parameter "
-        "(dense layers, data-parallel tables) steps with the dense optimizer"
-    )
 
 
 # ------------------------------------------------------------------------------------------ exercise 3
@@ -251,6 +300,15 @@ def _diagnose(state_bytes_per_rank: Callable[[int, int, int, Any], Any], optimiz
         got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
     except Exception:
         got = None
+    if optimizer == EmbOptimType.EXACT_ADAGRAD and got is not None and got != want:
+        try:  # the lab's 16 typed in for embedding_dim: the answer at another width is still 16 wide
+            wider = int(state_bytes_per_rank(rows, 3 * 16, ranks, optimizer))
+        except Exception:
+            wider = None
+        if wider == _state_bytes(rows, 16, ranks, optimizer):
+            return "use the embedding_dim argument: 16 is the lab's table, not every table"
+    if got is not None and got != want and got == _state_bytes(rows, dim, 2, optimizer):
+        return "use the world_size argument: 2 is the lab's world, not every world"
     if optimizer == EmbOptimType.EXACT_ADAGRAD and got == 2 * want:
         return (
             "twice Adagrad's state: Adagrad keeps one sum of squared gradients per element (two states is Adam; "

@@ -48,6 +48,10 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         "groups": fsdp_groups(model),
         "plain": [name for name, p in model.named_parameters() if not is_sharded(p)],
     }
+    states: dict[int, list[str]] = {}  # fully_shard([a, b]) makes a and b one group: one state for both
+    for name in report["groups"]:
+        states.setdefault(id(model.get_submodule(name)._get_fsdp_state()), []).append(name)
+    report["shared"] = [names for names in states.values() if len(names) > 1]
     tokens = counting_tokens(4, SHARD_MODEL["max_seq_len"], SHARD_MODEL["vocab_size"])
     try:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -131,6 +135,13 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a group of its own "
             f"(groups: {', '.join(repr(g) for g in groups)})",
             "loop over model.layers and call fully_shard on each block",
+        )
+    if report.get("shared"):
+        names = report["shared"][0]
+        fail(
+            f"{', '.join(names)} are one FSDP group (fully_shard was given them together): one all-gather brings "
+            "all their full parameters at once",
+            "call fully_shard on each block by itself: for block in model.layers: fully_shard(block)",
         )
     if "" not in groups:
         shown = ", ".join(plain[:3]) + (", ..." if len(plain) > 3 else "")
@@ -222,6 +233,8 @@ def _bytes_hint(key: str, got: float, num_params: int, world_size: int) -> str:
         return "count the optimizer state alone: params and grads have their own entries"
     if got * world_size * 4 == per_param * num_params:
         return "that counts values, not bytes: fp32 is 4 bytes per value"
+    if key in ("params", "grads") and got * world_size * 2 == per_param * num_params:
+        return "the parameters and gradients here are fp32 (4 bytes a value), not bf16: no mixed precision was set"
     return f"{key}: bytes per value × values per parameter × parameters ÷ ranks"
 
 
@@ -289,12 +302,33 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
         "mesh shape": tuple(mesh.shape),
         "mesh groups": [sorted(dist.get_process_group_ranks(mesh.get_group(d))) for d in range(mesh.ndim)],
     }
+    built: list[list[str]] = []  # the devices of each TinyTransformer build_hsdp makes, as it is made
+    make = TinyTransformer.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        make(self, *args, **kwargs)
+        built.append(sorted({p.device.type for p in self.parameters()}))
+
+    whole: list[str] = []  # parameters that to_empty allocated before fully_shard cut them
+    materialize = torch.nn.Module.to_empty
+
+    def recording_to_empty(self: Any, *args: Any, **kwargs: Any) -> Any:
+        whole.extend(name for name, p in self.named_parameters() if p.is_meta and not is_sharded(p))
+        return materialize(self, *args, **kwargs)
+
+    TinyTransformer.__init__ = recording_init  # type: ignore[method-assign]
+    torch.nn.Module.to_empty = recording_to_empty  # type: ignore[method-assign]
     try:
         model = build_hsdp(mesh)
     except Exception as error:  # noqa: BLE001
         raise_if_unwritten(error)
         report["error"] = f"build_hsdp(mesh) raised {one_line(error)}"
         return report
+    finally:
+        TinyTransformer.__init__ = make  # type: ignore[method-assign]
+        torch.nn.Module.to_empty = materialize  # type: ignore[method-assign]
+    report["built whole on"] = sorted({d for devices in built for d in devices if d != "meta"})
+    report["materialized whole"] = whole
     if not isinstance(model, torch.nn.Module):
         report["error"] = f"build_hsdp(mesh) returned a {type(model).__name__}, not the model"
         return report
@@ -419,6 +453,21 @@ def check_hsdp(
         fail(
             f"the FSDP groups are {report['groups']}; expected one per block and the root",
             "fully_shard(block, mesh=mesh) for each block of model.layers, then fully_shard(model, mesh=mesh)",
+        )
+    if report.get("built whole on"):
+        fail(
+            f"build_hsdp built the TinyTransformer on {', '.join(report['built whole on'])}: every rank allocated the "
+            "whole model before sharding it (fine here, impossible for a model that does not fit one rank)",
+            "TinyTransformer(**lab06.HSDP_MODEL, device='meta'), fully_shard block by block and the root, then "
+            "model.to_empty(device='cpu') and reset_parameters()",
+        )
+    if report.get("materialized whole"):
+        names = report["materialized whole"]
+        fail(
+            f"build_hsdp called to_empty before fully_shard: {len(names)} parameters ({', '.join(names[:2])}, ...) "
+            "were allocated whole on every rank, then cut",
+            "fully_shard block by block and the root while the model is on meta; then model.to_empty(device='cpu') "
+            "allocates only each rank's shards (and reset_parameters() fills them)",
         )
     if report["uninitialized"]:
         names = report["uninitialized"]

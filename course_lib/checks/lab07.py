@@ -147,6 +147,14 @@ def _judge_start(reports: list[dict[str, Any]]) -> None:
         return torch.cat([rows0[0], *rows1[1:]]) if before0[n].shape[0] > 1 else before0[n]
 
     if all(torch.equal(start[n], chunks(n)) for n in differ):
+        kinds = sorted({n.rsplit(".", 1)[-1] for n in differ})
+        if kinds != sorted({n.rsplit(".", 1)[-1] for n in names}):  # e.g. the weights broadcast, the biases not
+            fail(
+                f"the model starts from a patchwork of rank 0's and rank 1's rows in every {' and '.join(kinds)} "
+                "(the others are rank 0's): fully_shard kept each rank's own rows of what was not broadcast",
+                f"broadcast every parameter of the dense modules, the {' and '.join(kinds)} too "
+                "(module.parameters(), not only some of them)",
+            )
         fail(
             f"the model starts from a patchwork ({shown}): rank 0's rows of each dense parameter and rank 1's "
             "rows, because fully_shard keeps each rank's own rows and the ranks' initial weights differ "
@@ -312,6 +320,14 @@ def _bytes_hint(got: float, want: int, shapes: Mapping[str, tuple[int, ...]], wo
                 "not divide by the ranks leaves the last ranks fewer rows, and a 1-row parameter lives on rank 0 only")
     if got * 4 == want:
         return "count the gradient (4 bytes) and Adam's two states (8 bytes) as well as the parameter (4 bytes)"
+    spread = sum(16 * (s[0] // world_size + (rank < s[0] % world_size)) * math.prod(s[1:]) for s in shapes.values())
+    if got == spread:
+        return ("that spreads the remainder rows one each over the first ranks (numpy.array_split); torch.chunk "
+                "gives ceil(rows / ranks) rows to each rank in turn until the rows run out (16 rows on 3 ranks: "
+                "6, 6, 4, not 6, 5, 5)")
+    if got * 16 == want * 12:
+        return ("count the gradient too: after backward each rank keeps its shard of every gradient (param 4 + "
+                "grad 4 + Adam's two states 8 = 16 bytes a value)")
     ceil = sum(16 * math.ceil(s[0] / world_size) * math.prod(s[1:]) for s in shapes.values())
     if got == ceil:
         return ("not every rank gets ceil(rows / ranks) rows: torch.chunk gives that many to the first ranks and "

@@ -140,16 +140,28 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
 
     model = _shard()
     optimizer = training.optimizer(model)
-    _train(model, optimizer, range(_SAVED_AT))
-    saved = _state(model, optimizer)
     report: dict[str, Any] = {}
     try:
-        app = app_state_class(model, optimizer, _SAVED_AT)
+        app = app_state_class(model, optimizer)  # made before training, as a training loop makes it
+    except _ERRORS as error:
+        raise_if_unwritten(error)
+        report["error"] = f"AppState(model, optimizer) raised {_first_line(error)}"
+        return report
+    _train(model, optimizer, range(_SAVED_AT))
+    app.step = _SAVED_AT  # the loop moves the step on: the save must see where it is now
+    saved = _state(model, optimizer)
+    try:
         dcp.save({"app": app}, checkpoint_id=folder)
     except _ERRORS as error:
         raise_if_unwritten(error)
-        report["error"] = f"saving {{'app': AppState(model, optimizer, {_SAVED_AT})}} raised {_first_line(error)}"
+        report["error"] = f"saving {{'app': AppState(model, optimizer)}} at step {_SAVED_AT} raised {_first_line(error)}"
         return report
+    probe: dict[str, Any] = {"app": {"step": None}}  # the step the checkpoint holds, read on its own
+    try:
+        dcp.load(probe, checkpoint_id=folder)
+        report["saved step"] = probe["app"]["step"]
+    except _ERRORS:
+        pass  # no "step" entry: the load below says what is wrong
     _train(model, optimizer, range(_SAVED_AT, 2 * _SAVED_AT))  # move on, then go back to the checkpoint
     app.step = 2 * _SAVED_AT
     try:
@@ -184,8 +196,9 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
 def check_app_state(app_state_class: type, launch: Launch | None = None) -> None:
     """`AppState(model, optimizer, step)` must save and restore the model, its whole optimizer, and the step.
 
-    The check trains the lab's DMP model 3 steps on 2 ranks, saves ``{"app": AppState(...)}`` with
-    ``dcp.save``, trains 3 more steps, loads the checkpoint back, and compares every tensor with the saved one.
+    The check makes ``AppState(model, optimizer)`` for the lab's DMP model on 2 ranks, trains 3 steps (moving
+    ``app.step`` on, as a training loop does), saves ``{"app": app}`` with ``dcp.save``, trains 3 more steps,
+    loads the checkpoint back, and compares every tensor with the saved one.
     """
     folder = tempfile.mkdtemp(prefix="lab08-check-")
     try:
@@ -193,6 +206,13 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
                            what="saving and loading the AppState")[0]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    if report.get("saved step", _SAVED_AT) == 0:
+        fail(
+            f"the checkpoint says step 0, but dcp.save ran at step {_SAVED_AT}: state_dict() returned the app as it "
+            "was when AppState was made (before any training step), not as it is now",
+            "state_dict() must read self.model, self.optimizer and self.step each time it is called (dcp.save calls "
+            "it at every save): do not keep a state dict made in __init__",
+        )
     if "error" in report:
         fail(report["error"], "state_dict() returns a dict of state dicts (and the step); load_state_dict(state) puts them back")
     differences = report["differences"]
@@ -322,6 +342,14 @@ def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) ->
             "(and ShardedTensors that need a process group to unpickle)",
         )
     if "load_error" in report:
+        writers = {m.group(1) for m in (re.match(r"(?:.*/)?__(\d+)_\d+\.distcp$", f) for f in report["files"]) if m}
+        if writers == {"0"}:
+            fail(
+                f"only rank 0 wrote its shards ({', '.join(f for f in report['files'] if f.endswith('.distcp'))}): "
+                f"the checkpoint lacks what rank 1 holds, so it cannot be loaded ({report['load_error']})",
+                "call dcp.save on every rank, with the same checkpoint_id and without no_dist: each rank writes its "
+                "own shards (a table-wise table lives on one rank only)",
+            )
         keys = report.get("keys", [])
         has_optimizer = any(".optimizer." in key or key.startswith("optimizer") for key in keys)
         fail(
@@ -450,23 +478,41 @@ def mixed_layout() -> dict[str, Any]:
 
 _STAY_FUSED = ("t_user", "t_item")
 _BECOME_DENSE = ("t_category", "t_terms")
+# A second layout, with other tables moving: a reload that names the tables of mixed_layout() fails on it.
+_OTHER_STAY_FUSED = ("t_item", "t_category")
+_OTHER_BECOME_DENSE = ("t_user", "t_terms")
 
 
-def _mixed_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: str) -> dict[str, Any]:
+def _layout(stay_fused: tuple[str, ...]) -> dict[str, Any]:
+    """`stay_fused` row-wise on the fused kernel, every other table data-parallel."""
+    from torchrec.distributed.sharding_plan import data_parallel, row_wise
+
+    return {t.name: row_wise(compute_kernel="fused") if t.name in stay_fused else data_parallel()
+            for t in _CHECK_CONFIG.tables(16)}
+
+
+def _mixed_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: str,
+                   layouts: list[tuple[str, ...]]) -> list[dict[str, Any]]:
+    """On each rank: the learner's reload into each layout (given by its fused tables), what it holds."""
     from course_lib import checkpoint, training
 
-    fresh_model = _shard(mixed_layout())  # what an optimizer that loaded nothing holds for the new Adam tables
-    fresh_optimizer = training.optimizer(fresh_model)
-    checkpoint.init_optimizer_state(fresh_optimizer)
-    fresh = _state(fresh_model, fresh_optimizer)
-    try:
-        app = reload(folder, _CHECK_CONFIG, mixed_layout())
-        model, optimizer, step = app.model, app.optimizer, app.step
-    except _ERRORS as error:
-        raise_if_unwritten(error)
-        return {"error": _first_line(error)}
-    return {"sharding": training.sharding_types(model), "state": _state(model, optimizer), "fresh": fresh,
-            "logits": _predict(model), "step": step}
+    reports = []
+    for stay_fused in layouts:
+        per_table = mixed_layout() if stay_fused == _STAY_FUSED else _layout(stay_fused)
+        fresh_model = _shard(per_table)  # what an optimizer that loaded nothing holds for the new Adam tables
+        fresh_optimizer = training.optimizer(fresh_model)
+        checkpoint.init_optimizer_state(fresh_optimizer)
+        fresh = _state(fresh_model, fresh_optimizer)
+        try:
+            app = reload(folder, _CHECK_CONFIG, per_table)
+            model, optimizer, step = app.model, app.optimizer, app.step
+        except _ERRORS as error:
+            raise_if_unwritten(error)
+            reports.append({"error": _first_line(error)})
+            break
+        reports.append({"sharding": training.sharding_types(model), "state": _state(model, optimizer),
+                        "fresh": fresh, "logits": _predict(model), "step": step})
+    return reports
 
 
 def _largest_difference(now: dict[str, torch.Tensor], want: dict[str, torch.Tensor], keys: list[str]) -> float:
@@ -478,55 +524,70 @@ def _largest_difference(now: dict[str, torch.Tensor], want: dict[str, torch.Tens
     return worst
 
 
+def _judge_mixed(report: dict[str, Any], reference: dict[str, torch.Tensor], stay: tuple[str, ...],
+                 become: tuple[str, ...], other: bool) -> None:
+    """Fail with what is wrong with `report`, the learner's reload into the layout where `stay` stay fused and
+    `become` become data-parallel; `other`: that layout is not the lab's mixed_layout()."""
+    stay_names, become_names = " and ".join(stay), " and ".join(become)
+    where = (f"with another layout ({become_names} data-parallel, {stay_names} fused), " if other else "")
+    generic = ("; decide from per_table (or from what the checkpoint holds) which tables moved, not from the "
+               "table names of mixed_layout()" if other else "")
+    if "error" in report:
+        missing = "Missing key" in report["error"]
+        fail(f"{where}reload raised {report['error']}",
+             f"the checkpoint holds Adagrad state for {become_names} and no Adam state: a load that asks for "
+             "the new optimizer's whole state cannot be served; decide which parts to ask for" + generic if missing else
+             "shard by per_table, build the optimizer, make its state exist, then dcp.load what the checkpoint has")
+    kinds = {table: kind for table, (kind, _) in report["sharding"].items()}
+    want = {table: ("row_wise" if table in stay else "data_parallel") for table in (*stay, *become)}
+    if kinds != want:
+        fail(f"{where}the reloaded tables are sharded {kinds}, the layout asks for {want}",
+             "shard with the plan made from per_table (shard(config, per_table))")
+    state, fresh = report["state"], report["fresh"]
+    weights = [k for k in reference if k.startswith("model.")]
+    if _largest_difference(state, reference, weights) > 1e-6:
+        fail(f"{where}the reloaded weights are not the checkpoint's",
+             "load the model's state dict (every table, whatever its new layout, and the dense part)")
+    if report["step"] != _SAVED_AT:
+        fail(f"{where}the reloaded step is {report['step']}, the checkpoint was taken at step {_SAVED_AT}",
+             "load the step too: the data order and any schedule depend on it")
+    fused_keys = [k for k in reference if "momentum" in k and any(f".{t}." in k for t in stay)]
+    if _largest_difference(state, reference, fused_keys) > 0:
+        fail(f"{where}the Adagrad state of {stay_names} (which stay on the fused kernel) was not restored",
+             "their optimizer did not change: the checkpoint's momentum is theirs, keep it (only the tables that "
+             "moved to Adam have nothing to load)" + generic)
+    dense_keys = [k for k in reference if k.startswith("optimizer.") and "embedding_bags" not in k]
+    if _largest_difference(state, reference, dense_keys) > 0:
+        fail(f"{where}Adam's state of the dense part was not restored, though the checkpoint holds it",
+             "load the optimizer state of every parameter whose optimizer did not change (make a fresh Adam's state "
+             "exist first: checkpoint.init_optimizer_state)")
+    moved = [k for k in fresh if k.startswith("optimizer.") and any(f".{t}." in k for t in become)]
+    if not moved or _largest_difference(state, fresh, moved) > 0:
+        fail(f"{where}the Adam state of {become_names} is not a fresh one: it was made up from something else",
+             "an Adagrad accumulator is not Adam's moments: let the tables that moved to Adam start their optimizer "
+             "from scratch" + generic)
+
+
 @exercise
 def check_mixed_reload(reload: Callable[[str, Any, dict[str, Any]], Any], launch: Launch | None = None) -> None:
     """`reload(path, config, per_table)`, run on every rank, must return an AppState sharded by `per_table` (here
     ``mixed_layout()``: two tables stay fused, two become data-parallel and move to Adam) that holds everything of
     the checkpoint that still means something: every weight, the step, the Adagrad state of the tables that stay
     fused, Adam's state of the dense part; and, for the tables that moved to Adam, a fresh Adam state (the
-    checkpoint has none to give, and an Adagrad accumulator is not one)."""
+    checkpoint has none to give, and an Adagrad accumulator is not one). The check then asks for a second layout,
+    with other tables moving, and wants the same of it."""
     launch = _launch(launch)
     folder = tempfile.mkdtemp(prefix="lab08-check-")
+    layouts = [(_STAY_FUSED, _BECOME_DENSE), (_OTHER_STAY_FUSED, _OTHER_BECOME_DENSE)]
     try:
         saved = _on_ranks(launch, _reference_on_rank, folder, world_size=2, what="saving the reference checkpoint")
-        results = _on_ranks(launch, _mixed_on_rank, reload, folder, world_size=2, what="reload on 2 ranks")
+        results = _on_ranks(launch, _mixed_on_rank, reload, folder, [stay for stay, _ in layouts], world_size=2,
+                            what="reload on 2 ranks")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     reference = saved[0]["state"]
-    report = results[0]
-    if "error" in report:
-        missing = "Missing key" in report["error"]
-        fail(f"reload raised {report['error']}",
-             "the checkpoint holds Adagrad state for t_category and t_terms and no Adam state: a load that asks for "
-             "the new optimizer's whole state cannot be served; decide which parts to ask for" if missing else
-             "shard by per_table, build the optimizer, make its state exist, then dcp.load what the checkpoint has")
-    kinds = {table: kind for table, (kind, _) in report["sharding"].items()}
-    want = {table: ("row_wise" if table in _STAY_FUSED else "data_parallel") for table in (*_STAY_FUSED, *_BECOME_DENSE)}
-    if kinds != want:
-        fail(f"the reloaded tables are sharded {kinds}, the layout asks for {want}",
-             "shard with the plan made from per_table (shard(config, per_table))")
-    state, fresh = report["state"], report["fresh"]
-    weights = [k for k in reference if k.startswith("model.")]
-    if _largest_difference(state, reference, weights) > 1e-6:
-        fail("the reloaded weights are not the checkpoint's",
-             "load the model's state dict (every table, whatever its new layout, and the dense part)")
-    if report["step"] != _SAVED_AT:
-        fail(f"the reloaded step is {report['step']}, the checkpoint was taken at step {_SAVED_AT}",
-             "load the step too: the data order and any schedule depend on it")
-    fused_keys = [k for k in reference if "momentum" in k and any(f".{t}." in k for t in _STAY_FUSED)]
-    if _largest_difference(state, reference, fused_keys) > 0:
-        fail("the Adagrad state of t_user and t_item (which stay on the fused kernel) was not restored",
-             "their optimizer did not change: the checkpoint's momentum is theirs, keep it (only the tables that "
-             "moved to Adam have nothing to load)")
-    dense_keys = [k for k in reference if k.startswith("optimizer.") and "embedding_bags" not in k]
-    if _largest_difference(state, reference, dense_keys) > 0:
-        fail("Adam's state of the dense part was not restored, though the checkpoint holds it",
-             "load the optimizer state of every parameter whose optimizer did not change (make a fresh Adam's state "
-             "exist first: checkpoint.init_optimizer_state)")
-    moved = [k for k in fresh if k.startswith("optimizer.") and any(f".{t}." in k for t in _BECOME_DENSE)]
-    if not moved or _largest_difference(state, fresh, moved) > 0:
-        fail("the Adam state of t_category and t_terms is not a fresh one: it was made up from something else",
-             "an Adagrad accumulator is not Adam's moments: let the tables that moved to Adam start their optimizer "
-             "from scratch")
+    for index, report in enumerate(results[0]):
+        stay, become = layouts[index]
+        _judge_mixed(report, reference, stay, become, other=index > 0)
     passed("reload keeps every weight, the step, t_user's and t_item's Adagrad state and the dense part's Adam "
            "state, and starts Adam afresh for the two tables that left the fused kernel")
