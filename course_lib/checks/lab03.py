@@ -395,5 +395,5 @@ def check_steering(
     _judge_hosts_of(hosts_of, wide, 2, f"a plan on 3 hosts x 2 GPUs ({table!r} row-wise, {smallest!r} data-parallel)")
     passed(
         f"{table!r} is {kinds[table]} on host {min(hosts[table])} only; the busiest rank holds "
-        f"{_kib(totals[worst])} <= {_kib(budget_bytes)}; hosts_of reads this plan and two others right"
+        f"{_kib(totals[worst])} <= {_kib(budget_bytes)}; hosts_of reads this plan and three others right"
     )
