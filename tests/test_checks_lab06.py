@@ -64,6 +64,19 @@ def test_shard_check_accepts_a_root_that_reshards(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def shard_like_torchtitan(model):  # not a mistake: the last block keeps its parameters for the backward
+    from torch.distributed.fsdp import fully_shard
+
+    for i, block in enumerate(model.layers):
+        fully_shard(block, reshard_after_forward=i < len(model.layers) - 1)
+    fully_shard(model)
+
+
+def test_shard_check_accepts_the_last_block_kept_whole_as_torchtitan_does(capsys):
+    lab06.check_shard(shard_like_torchtitan)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def shard_a_copy(model):
     import copy
 
@@ -188,6 +201,13 @@ def predict_bf16(num_params, world_size):  # 2 bytes a parameter and a gradient
 
 def test_bytes_check_accepts_the_solution(capsys):
     lab06.check_bytes_prediction(predict_solution)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_bytes_check_accepts_numpy_numbers(capsys):
+    import numpy as np
+
+    lab06.check_bytes_prediction(lambda n, w: {k: np.float32(v) for k, v in predict_solution(n, w).items()})
     assert capsys.readouterr().out.startswith("✓")
 
 

@@ -276,6 +276,13 @@ def test_bytes_check_accepts_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def test_bytes_check_accepts_a_numpy_integer(capsys):
+    import numpy as np
+
+    lab07.check_dense_bytes(lambda shapes, world_size, rank: np.int64(fsdp_dense_bytes(shapes, world_size, rank)))
+    assert capsys.readouterr().out.startswith("✓")
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [

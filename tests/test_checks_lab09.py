@@ -37,6 +37,13 @@ def test_lookup_check_accepts_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def test_lookup_check_accepts_a_numpy_number(capsys):
+    import numpy as np
+
+    lab09.check_lookup_bandwidth(lambda n, d, s, e=4: np.float32(n * d * e / s / 1e9))
+    assert capsys.readouterr().out.startswith("✓")
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [

@@ -3,6 +3,7 @@ lookup bandwidth, a multi-node torchrun command."""
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Sequence
 
 from course_lib.checks import exercise, fail, passed
@@ -184,8 +185,9 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     for num_ids, dim, seconds, element in _LOOKUP_CASES:
         expected = num_ids * dim * element / seconds / 1e9
         got = lookup_gb_per_s(num_ids, dim, seconds, element)
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
+        if not isinstance(got, numbers.Real) or isinstance(got, bool):  # numpy scalars are numbers.Real too
             fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
+        got = float(got)
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
         each = f"{element} byte{'s' if element != 1 else ''} each"
