@@ -40,9 +40,9 @@ def test_examples_are_built_so_that_the_shortcuts_give_wrong_answers():
 # ---------------------------------------------------------------------------------- route_ids
 
 
-def route_solution(ids, num_rows):
+def _send_to_owners(ids, owner):
+    """The all-to-all of the solution, for any rule that names each id's owner: counts first, then the ids."""
     world = dist.get_world_size()
-    owner = ids // math.ceil(num_rows / world)
     send = ids[torch.argsort(owner, stable=True)]
     send_counts = torch.bincount(owner, minlength=world)
     recv_counts = torch.empty_like(send_counts)
@@ -50,18 +50,14 @@ def route_solution(ids, num_rows):
     received = torch.empty(int(recv_counts.sum()), dtype=ids.dtype)
     dist.all_to_all_single(received, send, recv_counts.tolist(), send_counts.tolist())
     return received
+
+
+def route_solution(ids, num_rows):
+    return _send_to_owners(ids, ids // math.ceil(num_rows / dist.get_world_size()))
 
 
 def route_modulo(ids, num_rows):
-    world = dist.get_world_size()
-    owner = ids % world
-    send = ids[torch.argsort(owner, stable=True)]
-    send_counts = torch.bincount(owner, minlength=world)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    received = torch.empty(int(recv_counts.sum()), dtype=ids.dtype)
-    dist.all_to_all_single(received, send, recv_counts.tolist(), send_counts.tolist())
-    return received
+    return _send_to_owners(ids, ids % dist.get_world_size())
 
 
 def route_without_counts(ids, num_rows):
@@ -383,15 +379,7 @@ def route_counts_then_gather_everything(ids, num_rows):  # counts by all-to-all,
 
 
 def route_proportional_owner(ids, num_rows):  # id * world // num_rows: right on 2 ranks, not for 10 rows on 3
-    world = dist.get_world_size()
-    owner = ids * world // num_rows
-    send = ids[torch.argsort(owner, stable=True)]
-    send_counts = torch.bincount(owner, minlength=world)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    received = torch.empty(int(recv_counts.sum()), dtype=ids.dtype)
-    dist.all_to_all_single(received, send, recv_counts.tolist(), send_counts.tolist())
-    return received
+    return _send_to_owners(ids, ids * dist.get_world_size() // num_rows)
 
 
 def route_counts_by_all_gather(ids, num_rows):  # another right answer: the counts by all_gather, the ids by all-to-all

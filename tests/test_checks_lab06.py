@@ -263,6 +263,15 @@ def reset_every_module(model):
             module._reset_parameters()
 
 
+def shard_bottom_up(model, block_mesh, root_mesh):
+    """fully_shard each block on `block_mesh` (None: the default mesh over every rank), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.layers:
+        fully_shard(block, mesh=block_mesh)
+    fully_shard(model, mesh=root_mesh)
+
+
 def build_hsdp(mesh, *, materialize=True, reset=reset_every_module, blocks=True, shard_mesh=None):
     from torch.distributed.fsdp import fully_shard
 
@@ -271,9 +280,9 @@ def build_hsdp(mesh, *, materialize=True, reset=reset_every_module, blocks=True,
     torch.manual_seed(0)
     model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
     if blocks:
-        for block in model.layers:
-            fully_shard(block, mesh=shard_mesh or mesh)
-    fully_shard(model, mesh=shard_mesh or mesh)
+        shard_bottom_up(model, shard_mesh or mesh, shard_mesh or mesh)
+    else:
+        fully_shard(model, mesh=shard_mesh or mesh)
     if materialize:
         model.to_empty(device="cpu")
         if reset is not None:
@@ -320,15 +329,11 @@ def build_without_reset(mesh):
 
 
 def build_whole_on_the_cpu(mesh):  # the model allocated whole on every rank, then sharded
-    from torch.distributed.fsdp import fully_shard
-
     from course_lib.models import TinyTransformer
 
     torch.manual_seed(0)
     model = TinyTransformer(**lab06.HSDP_MODEL)
-    for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_bottom_up(model, mesh, mesh)
     return model
 
 
@@ -340,47 +345,36 @@ def build_on_the_cpu_then_reset(mesh):  # the lab's steps after sharding, but th
 
 
 def build_materialized_before_sharding(mesh):  # on meta, but to_empty before fully_shard: whole on every rank
-    from torch.distributed.fsdp import fully_shard
-
     from course_lib.models import TinyTransformer
 
     torch.manual_seed(0)
     model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
     model.to_empty(device="cpu")
     reset_every_module(model)
-    for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_bottom_up(model, mesh, mesh)
     return model
 
 
 def build_seeded_by_rank(mesh):  # each rank its own seed: the replicas start apart
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     from course_lib.models import TinyTransformer
 
     torch.manual_seed(dist.get_rank())
     model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
-    for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_bottom_up(model, mesh, mesh)
     model.to_empty(device="cpu")
     reset_every_module(model)
     return model
 
 
 def build_with_meta_context(mesh):  # meta through torch.device("meta"): right too
-    from torch.distributed.fsdp import fully_shard
-
     from course_lib.models import TinyTransformer
 
     torch.manual_seed(0)
     with torch.device("meta"):
         model = TinyTransformer(**lab06.HSDP_MODEL)
-    for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_bottom_up(model, mesh, mesh)
     model.to_empty(device="cpu")
     reset_every_module(model)
     return model
@@ -392,15 +386,11 @@ def test_hsdp_check_accepts_a_model_built_in_a_meta_device_context(capsys):
 
 
 def build_blocks_on_the_default_mesh(mesh):  # the blocks sharded over all 4 ranks, the root over the 2-D mesh
-    from torch.distributed.fsdp import fully_shard
-
     from course_lib.models import TinyTransformer
 
     torch.manual_seed(0)
     model = TinyTransformer(**lab06.HSDP_MODEL, device="meta")
-    for block in model.layers:
-        fully_shard(block)
-    fully_shard(model, mesh=mesh)
+    shard_bottom_up(model, None, mesh)
     model.to_empty(device="cpu")
     reset_every_module(model)
     return model

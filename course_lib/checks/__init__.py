@@ -46,6 +46,13 @@ def launch_quietly(
         return launch(fn, *args, world_size=world_size, show_ranks=[], timeout=timeout)
 
 
+def is_number(value: Any) -> bool:
+    """Whether a learner's answer is a plain number: int, float or a NumPy scalar (``numbers.Real``), not a bool."""
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def one_line(error: BaseException) -> str:
     """``"TypeName: first line of the message"``: how a check reports an exception the learner's code raised."""
     text = str(error).strip()

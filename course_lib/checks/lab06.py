@@ -8,11 +8,10 @@ ranks for a model whose size the learner has not seen.
 from __future__ import annotations
 
 import functools
-import numbers
 import warnings
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import exercise, fail, launch_quietly, one_line, passed, raise_if_unwritten
+from course_lib.checks import exercise, fail, is_number, launch_quietly, one_line, passed, raise_if_unwritten
 
 _TIMEOUT_S = 60.0
 # The model the shard exercise hands to `shard`: 3 blocks, so "one group per block plus the root" is 4.
@@ -258,7 +257,7 @@ def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -
         if not isinstance(got, Mapping) or not set(_KEYS) <= set(got):
             fail(f"predict returned {got!r}", f"return a dict with the keys {', '.join(map(repr, _KEYS))}")
         for key in _KEYS:
-            if not isinstance(got[key], numbers.Real) or isinstance(got[key], bool):  # numpy scalars are too
+            if not is_number(got[key]):
                 fail(f"{key!r} is {got[key]!r}", "each entry is a number of bytes")
         predictions[world_size] = got
     for world_size, got in predictions.items():

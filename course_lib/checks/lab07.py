@@ -12,11 +12,10 @@ whose sizes the lab did not use.
 from __future__ import annotations
 
 import functools
-import numbers
 from typing import Any, Callable, Mapping
 
 from course_lib import data
-from course_lib.checks import exercise, fail, launch_quietly, one_line, passed
+from course_lib.checks import exercise, fail, is_number, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 90.0
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
@@ -348,7 +347,7 @@ def check_dense_bytes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int
                 got = predict(dict(shapes), world_size, rank)
             except NotImplementedError:
                 fail("fsdp_dense_bytes is not written yet", "replace `raise NotImplementedError()` with your code")
-            if not isinstance(got, numbers.Real) or isinstance(got, bool):  # numpy scalars are numbers.Real too
+            if not is_number(got):
                 fail(f"fsdp_dense_bytes returned {got!r}", "return a number of bytes")
             predictions[world_size].append(got)
     for world_size, per_rank in predictions.items():

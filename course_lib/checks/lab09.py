@@ -3,10 +3,9 @@ lookup bandwidth, a multi-node torchrun command."""
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Callable, Sequence
 
-from course_lib.checks import exercise, fail, passed
+from course_lib.checks import exercise, fail, is_number, passed
 
 LOAD_FACTORS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 HBM_GIB = 16
@@ -185,7 +184,7 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     for num_ids, dim, seconds, element in _LOOKUP_CASES:
         expected = num_ids * dim * element / seconds / 1e9
         got = lookup_gb_per_s(num_ids, dim, seconds, element)
-        if not isinstance(got, numbers.Real) or isinstance(got, bool):  # numpy scalars are numbers.Real too
+        if not is_number(got):
             fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
         got = float(got)
         if math.isclose(got, expected, rel_tol=1e-6):
