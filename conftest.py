@@ -25,3 +25,8 @@ def pytest_terminal_summary(terminalreporter):
                                     f"(lines in {os.path.basename(NOTICES)}):")
         for line in lines:
             terminalreporter.write_line(f"  {line}")
+
+
+# A cell that prints figures floating-point order can move declares a tolerance ("# tolerance: ±0.002 (why)");
+# this plugin makes nbval compare such cells' figures within it and everything else exactly.
+pytest_plugins = ["course_lib.nbval_tolerance"]

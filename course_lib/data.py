@@ -33,6 +33,8 @@ from typing import Iterator, Mapping
 
 import torch
 
+from course_lib.metrics import normalized_entropy
+
 __all__ = [
     "CRITEO_CAT_COLUMNS",
     "CRITEO_INT_COLUMNS",
@@ -340,8 +342,6 @@ def bayes_optimal_ne(split: ClickSplit) -> float:
     """Normalized entropy of the Bayes-optimal predictor on this split: the cross-entropy of the true click
     probabilities on its labels over the entropy of its click rate (``metrics.normalized_entropy``). No model
     can expect a lower NE on the same labels; a model's NE minus this is what is left to learn."""
-    from course_lib.metrics import normalized_entropy
-
     return normalized_entropy(split.true_logits, split.labels)
 
 

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course_lib.launcher._rank import rank_device
+
 __all__ = ["TASK", "normalized_entropy", "rec_metric_module", "rec_metrics"]
 
 TASK = "click"  # the name of the one task; torchrec's keys read "<metric>-<task>|<window or lifetime>_<metric>"
@@ -87,11 +89,9 @@ def rec_metrics(logits: torch.Tensor, labels: torch.Tensor, window_rows: int, ba
     ``compute()`` as plain numbers, the same on every rank, under torchrec's own keys
     (``"ne-click|lifetime_ne"``, ``"auc-click|window_auc"``, ...). Predictions enter as probabilities
     (``sigmoid(logits)``), as torchrec expects; every row has weight 1. The module and its states live on
-    this rank's device (``training.device()``: the GPU under NCCL, whose collectives need CUDA tensors).
+    this rank's device (``launcher._rank.rank_device()``: the GPU under NCCL, whose collectives need CUDA tensors).
     """
-    from course_lib import training
-
-    device = training.device()
+    device = rank_device()
     module = rec_metric_module(window_rows, batch_size, device=device)
     logits = logits.detach().flatten().float().to(device)
     labels = labels.detach().flatten().float().to(device)
