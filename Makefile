@@ -12,7 +12,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks test-browser test-gpu labs solutions doctor clean
+.PHONY: setup lab test test-unit test-notebooks test-other-cpu test-browser test-gpu labs solutions doctor clean
 
 setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
@@ -28,6 +28,14 @@ test-unit: setup
 
 test-notebooks: setup
 	$(PY) -m pytest solutions
+
+# The notebooks again as another CPU would compute them: ATen's scalar kernels instead of its AVX2/AVX-512
+# ones, MKL's conditional-numerical-reproducibility path instead of the one it picks for this CPU, and one
+# thread per process (sums split differently). Each of these moves the last digits of losses and AUCs here;
+# the cells that print such figures must hold within the tolerance they declare (course_lib/tolerance.py).
+OTHER_CPU := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1
+test-other-cpu: setup
+	$(OTHER_CPU) $(PY) -m pytest solutions
 
 # The labs in a real JupyterLab driven by headless Chromium (skips, saying why, when Chromium is missing).
 test-browser: setup

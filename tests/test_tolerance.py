@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from course_lib.tolerance import Tolerance, compare, declared_tolerance, figures
+from course_lib.tolerance import Declared, Tolerance, compare, declared_tolerance, figures
 
 AUC = Tolerance(absolute=0.002)
 
@@ -61,23 +61,52 @@ def test_signs_and_negative_zero():
 
 
 def test_numbers_glued_to_words_and_versions_stay_text():
-    skeleton, found = figures("fp32 t_user2 torch 2.13.0 loss=0.4930 (-48%)")
+    skeleton, found, _ = figures("fp32 t_user2 torch 2.13.0 loss=0.4930 (-48%)")
     assert found == ["0.4930"]
     assert "fp32" in skeleton and "t_user2" in skeleton and "2.13.0" in skeleton and "-48" in skeleton
 
 
 def test_the_declared_tolerance_is_read_from_a_comment():
     assert declared_tolerance("x = 1\nprint(x)") is None
-    assert declared_tolerance("# tolerance: ±0.002 (AUCs move in the 4th decimal)\nprint(auc)") == Tolerance(0.002, 0)
-    assert declared_tolerance("  # tolerance: ±5%\n") == Tolerance(0, 0.05)
-    assert declared_tolerance("# tolerance: ±0.001 ±2% (both)") == Tolerance(0.001, 0.02)
+    assert declared_tolerance("# tolerance: ±0.002 (AUCs move in the 4th decimal)\nprint(auc)") == Declared(Tolerance(0.002))
+    assert declared_tolerance("  # tolerance: ±5%\n") == Declared(Tolerance(0, 0.05))
+    assert declared_tolerance("# tolerance: ±0.001 ±2% (both)") == Declared(Tolerance(0.001, 0.02))
     # the reason in parentheses is not read as an amount
-    assert declared_tolerance("# tolerance: ±0.002 (not ±50%)") == Tolerance(0.002, 0)
+    assert declared_tolerance("# tolerance: ±0.002 (not ±50%)") == Declared(Tolerance(0.002))
+    assert declared_tolerance('# tolerance: ±0.002; ±10% after "logit diff" (why)') == Declared(
+        Tolerance(0.002), (("logit diff", Tolerance(0, 0.1)),))
 
 
-def test_a_tolerance_comment_without_an_amount_is_an_error():
-    with pytest.raises(ValueError, match="names no amount"):
-        declared_tolerance("# tolerance: a little")
+@pytest.mark.parametrize("comment", ["# tolerance: a little", "# tolerance: 0.002", "# tolerance: ±0.002 or so",
+                                     '# tolerance: ±1% after "a"; ±0.002'])
+def test_a_tolerance_comment_that_cannot_be_read_is_an_error(comment):
+    with pytest.raises(ValueError, match="tolerance"):
+        declared_tolerance(comment)
+
+
+def test_figures_of_another_kind_on_a_line_get_their_own_tolerance():
+    declared = declared_tolerance('# tolerance: ±0.002; ±10% after "logit diff"')
+    stored = "max |logit diff|  0.0016  1.9331\nAUC               0.7725  0.7616"
+    assert compare(stored, "max |logit diff|  0.0017  2.0031\nAUC               0.7729  0.7610", declared) == []
+    # an AUC may not borrow the logits' 10%, nor a logit diff move past it
+    assert compare(stored, "max |logit diff|  0.0016  1.9331\nAUC               0.7725  0.7316", declared)
+    assert compare(stored, "max |logit diff|  0.0016  2.5000\nAUC               0.7725  0.7616", declared)
+
+
+def test_in_an_html_table_a_rule_covers_the_figures_of_its_row():
+    declared = declared_tolerance('# tolerance: ±0.002; ±10% after "logit diff"')
+    row = "<tr>\n  <th>{label}</th>\n  <td>{a}</td>\n  <td>{b}</td>\n</tr>\n"
+    stored = row.format(label="max |logit diff|", a="0.0016", b="1.9331") + row.format(label="AUC", a="0.7725", b="0.7616")
+    assert compare(stored, row.format(label="max |logit diff|", a="0.0016", b="2.0031")
+                   + row.format(label="AUC", a="0.7729", b="0.7616"), declared) == []
+    assert compare(stored, row.format(label="max |logit diff|", a="0.0016", b="1.9331")
+                   + row.format(label="AUC", a="0.7725", b="0.7916"), declared)
+
+
+def test_without_a_leading_amount_only_the_named_figures_may_move():
+    declared = declared_tolerance('# tolerance: ±0.01 after "scores"')
+    assert compare("AUC 0.7725\nscores [0.1250]", "AUC 0.7725\nscores [0.1315]", declared) == []
+    assert compare("AUC 0.7725\nscores [0.1250]", "AUC 0.7726\nscores [0.1250]", declared)
 
 
 # ------------------------------------------------------------------ the nbval plugin on a real notebook
@@ -125,3 +154,25 @@ def test_nbval_compares_a_cell_without_a_declared_tolerance_exactly(tmp_path):
     result = nbval(notebook(tmp_path, undeclared, "model AUC 0.7983 after 438 steps\n"))
     assert result.returncode == 1, result.stdout[-2000:]
     assert nbval(notebook(tmp_path, undeclared, "model AUC 0.7982 after 438 steps\n")).returncode == 0
+
+
+# ------------------------------------------------------------------ the course's own notebooks
+def declared_cells():
+    import nbformat
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "solutions").glob("*.ipynb")):
+        for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type == "code" and "# tolerance:" in cell.source:
+                yield f"{path.name}[{index}]", cell
+
+
+@pytest.mark.parametrize("name,cell", list(declared_cells()), ids=lambda value: value if isinstance(value, str) else "")
+def test_each_declared_tolerance_reads_and_covers_a_figure(name, cell):
+    declared = declared_tolerance(cell.source)
+    assert declared is not None
+    shown = "".join(o.get("text", "") + "".join(v for k, v in o.get("data", {}).items() if k.startswith("text/"))
+                    for o in cell.outputs)
+    _, found, contexts = figures(shown)
+    covered = [figure for figure, context in zip(found, contexts) if declared.for_figure(context) != Tolerance()]
+    assert covered, f"{name} declares {declared} but its stored outputs have no decimal figure it covers"
