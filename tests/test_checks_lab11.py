@@ -163,7 +163,7 @@ def good_choice(budget):
 
 def check(choice, served):
     model, log = served
-    lab11.check_precision_choice(choice, model, log, (20_000, 30_000), 0.004)
+    lab11.check_precision_choice(choice, model, log, (20_000, 30_000), 0.006)
 
 
 def test_precision_choice_passes_the_solution(served, capsys):
@@ -186,7 +186,7 @@ def test_precision_choice_passes_the_solution(served, capsys):
 )
 def test_precision_choice_rejects(served, wrong, match):
     model, log = served
-    rejects(lab11.check_precision_choice, wrong, model, log, (20_000, 30_000), 0.004, match=match)
+    rejects(lab11.check_precision_choice, wrong, model, log, (20_000, 30_000), 0.006, match=match)
 
 
 # ------------------------------------------------------------------------------------------ exercise 4: dedup

@@ -37,6 +37,10 @@ SAMPLES = {
     "progress-rates": ("train: 2.5s/it, 12.0 MB/s", "train: RATE, RATE"),
     "timings": ("12.3 s, 45 ms, 1.2e-3 s, done in 0.52s", "TIME, TIME, TIME, done in TIME"),
     "ipython-cell-numbers": ("Cell In[17], line 3", "Cell In[N], line 3"),
+    # course_lib.doctor()'s report of the learner's own machine (lab 00): the patch release and the core count
+    "doctor-python-patch": ("Python        3.11.9\ntorch         2.13.0+cpu",
+                            "Python        3.11.N\ntorch         2.13.0+cpu"),
+    "doctor-cpu-cores": ("NCCL          not available\nCPU cores     8\nAll good", "NCCL          not available\nCPU cores     N\nAll good"),
 }
 
 UNCHANGED = [

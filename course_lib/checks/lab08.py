@@ -460,7 +460,8 @@ def check_reload(reload: Callable[[str, Any, dict[str, Any]], Any], world_size: 
         fail(f"the reloaded step is {report['step']}, the checkpoint was taken at step {_SAVED_AT}", "return the AppState you loaded into")
     passed(
         f"reload on {world_size} ranks (row-wise) restores a 2-rank table-wise checkpoint: predictions within "
-        f"{prediction_gap:.1g}, optimizer state and step exact"
+        # the row-wise sums' last bits move with the CPU: name the bound they meet, not the gap of this machine
+        f"{'1e-06' if prediction_gap <= 1e-6 else f'{prediction_gap:.1g}'}, optimizer state and step exact"
     )
 
 
