@@ -6,7 +6,8 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 CUDA ?=
-PYTHON ?= python3.11
+# Empty: tools/setup_venv.sh takes the newest of python3.13, python3.12, python3.11 on PATH.
+PYTHON ?=
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
@@ -44,7 +45,7 @@ test-browser: setup
 # Instructors and GPU CI: stop at once without 2 NVIDIA GPUs; else build the CUDA .venv (CUDA=cu126 unless
 # given), run the GPU tests and every solution notebook with COURSE_BACKEND=nccl, and print one table.
 test-gpu:
-	@$(PYTHON) tools/test_gpu.py preflight
+	@$(or $(PYTHON),python3) tools/test_gpu.py preflight
 	@CUDA="$(or $(CUDA),cu126)" PYTHON="$(PYTHON)" tools/setup_venv.sh
 	$(PY) tools/test_gpu.py run
 

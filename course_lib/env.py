@@ -38,7 +38,7 @@ __all__ = [
     "PINNED_FBGEMM",
     "PINNED_TORCHREC",
     "PINNED_TORCHMETRICS",
-    "PINNED_PYTHON",
+    "SUPPORTED_PYTHONS",
 ]
 
 # The course's pins (requirements/torch-cpu.txt, torch-cuda.txt, torchrec.txt; a test keeps them in sync).
@@ -47,7 +47,9 @@ PINNED_FBGEMM = "1.8.0"
 PINNED_TORCHREC = "1.8.0"
 # requirements/course.txt. torchrec 1.8 declares 1.0.3; with 1.9.0 every torchrec.metrics metric fails in compute().
 PINNED_TORCHMETRICS = "1.0.3"
-PINNED_PYTHON = (3, 11)
+# The Pythons every pin has a wheel for (tools/wheels.py asks pip's resolver; tests/test_python_versions.py),
+# each from its oldest patch release the lock accepts (the lock's soupsieve 4.1.3 needs 3.11.5).
+SUPPORTED_PYTHONS = {(3, 11): 5, (3, 12): 0, (3, 13): 0}
 
 Severity = Literal["error", "warning"]
 
@@ -512,12 +514,14 @@ def diagnose(facts: EnvFacts, backend: str | None = None, world_size: int | None
         problems += _nccl_problems(facts, world_size)
 
     py = _major_minor(facts.python_version)
-    if py is not None and py != PINNED_PYTHON:
-        want = ".".join(map(str, PINNED_PYTHON))
+    patch = facts.python_version.split(".")[2] if facts.python_version.count(".") >= 2 else ""
+    lowest = SUPPORTED_PYTHONS.get(py) if py is not None else None
+    if py is not None and (lowest is None or (patch.isdigit() and int(patch) < lowest)):
         problems.append(Problem(
             "python-version",
-            f"Python {facts.python_version}: the course's wheels are pinned and tested for Python {want}",
-            f"build .venv with Python {want}: `make clean lab PYTHON=python{want}`",
+            f"Python {facts.python_version}: the course's pinned wheels exist for CPython 3.11.5 or newer, 3.12 "
+            "and 3.13",
+            "build .venv with one of them: `make clean lab PYTHON=python3.12` (or python3.11 / python3.13)",
             "warning",
         ))
     return [p for p in problems if p.severity == "error"] + [p for p in problems if p.severity == "warning"]

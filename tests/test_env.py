@@ -287,10 +287,16 @@ def test_nccl_missing_from_a_cuda_build(gpu_node: EnvFacts) -> None:
 # ------------------------------------------------------------------------------------ python
 
 
+@pytest.mark.parametrize("version", ["3.11.5", "3.11.14", "3.12.0", "3.12.4", "3.13.1"])
+def test_supported_pythons_are_not_reported(healthy: EnvFacts, version: str) -> None:
+    assert "python-version" not in codes(diagnose(dataclasses.replace(healthy, python_version=version)))
+
+
 def test_other_python_is_a_warning(healthy: EnvFacts) -> None:
-    facts = dataclasses.replace(healthy, python_version="3.12.4")
-    p = only(diagnose(facts), "python-version")
-    assert p.severity == "warning" and "3.12.4" in p.summary and "PYTHON=python3.11" in p.fix
+    for version in ("3.10.12", "3.14.0", "3.11.4"):  # 3.11.4: the lock's soupsieve needs 3.11.5
+        p = only(diagnose(dataclasses.replace(healthy, python_version=version)), "python-version")
+        assert p.severity == "warning" and version in p.summary and "PYTHON=python3.12" in p.fix
+    facts = dataclasses.replace(healthy, python_version="3.14.0")
     assert doctor(facts=facts).ok
     # errors come before warnings
     broken = dataclasses.replace(facts, torchrec_version=None)
@@ -322,7 +328,7 @@ def test_report_figures_come_from_the_facts(gpu_node: EnvFacts) -> None:
 
 def test_report_lists_each_problem_with_its_fix(healthy: EnvFacts) -> None:
     facts = dataclasses.replace(
-        healthy, torch_version="2.12.0+cpu", fbgemm_gpu_version="1.8.0", python_version="3.12.0",
+        healthy, torch_version="2.12.0+cpu", fbgemm_gpu_version="1.8.0", python_version="3.10.14",
         fbgemm_import_error=CUDA_FBGEMM_ERROR, torchrec_import_error=CUDA_FBGEMM_ERROR,
     )
     report = doctor(backend="nccl", world_size=2, facts=facts)

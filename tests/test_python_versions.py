@@ -1,0 +1,119 @@
+"""The course installs on CPython 3.11.5+, 3.12 and 3.13: setup chooses one, and every pin has a wheel for each.
+
+The pins are checked with pip's own resolver in dry-run mode (``tools/wheels.py``): no download, no install.
+Where the package index cannot be reached, those tests skip and say so.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SETUP = REPO / "tools" / "setup_venv.sh"
+
+
+def load_wheels():
+    spec = importlib.util.spec_from_file_location("course_wheels", REPO / "tools" / "wheels.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------ which interpreter setup takes
+def fake_python(folder: Path, name: str, version: str, supported: bool) -> None:
+    """An executable that answers setup's version probe as a Python `version` would (and --version)."""
+    path = folder / name
+    path.write_text(f"#!/bin/sh\necho {version}\nexit {0 if supported else 1}\n")
+    path.chmod(0o755)
+
+
+def choose(folder: Path, python: str | None = None) -> subprocess.CompletedProcess:
+    os.symlink("/usr/bin/dirname", folder / "dirname")  # all setup needs before it chooses, and no real python
+    env = {"PATH": str(folder), "SETUP_CHOOSE_ONLY": "1", "HOME": str(folder)}
+    if python:
+        env["PYTHON"] = python
+    return subprocess.run(["/bin/bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_setup_takes_the_newest_supported_python(tmp_path):
+    fake_python(tmp_path, "python3.11", "3.11.9", True)
+    fake_python(tmp_path, "python3.12", "3.12.3", True)
+    fake_python(tmp_path, "python3.13", "3.13.1", True)
+    done = choose(tmp_path)
+    assert done.returncode == 0 and "would use python3.13 (Python 3.13.1)" in done.stdout, done.stderr
+
+
+def test_setup_passes_over_an_unsupported_python(tmp_path):
+    fake_python(tmp_path, "python3.11", "3.11.2", False)  # below 3.11.5
+    fake_python(tmp_path, "python3.12", "3.12.3", True)
+    done = choose(tmp_path)
+    assert done.returncode == 0 and "would use python3.12" in done.stdout, done.stderr
+
+
+def test_setup_without_a_supported_python_says_what_to_install(tmp_path):
+    fake_python(tmp_path, "python3.11", "3.11.2", False)
+    done = choose(tmp_path)
+    assert done.returncode == 1
+    assert "no python3.13, python3.12 or python3.11 (3.11.5 or newer)" in done.stderr
+    assert "PYTHON=" in done.stderr
+
+
+def test_setup_refuses_the_python_it_is_given_when_unsupported(tmp_path):
+    fake_python(tmp_path, "python3.10", "3.10.12", False)
+    done = choose(tmp_path, python="python3.10")
+    assert done.returncode == 1
+    assert "3.10.12" in done.stderr and "3.11.5 or newer, 3.12 or 3.13" in done.stderr
+
+
+def test_setup_takes_the_python_it_is_given(tmp_path):
+    fake_python(tmp_path, "python3.13", "3.13.1", True)
+    fake_python(tmp_path, "mypython", "3.12.7", True)
+    done = choose(tmp_path, python="mypython")
+    assert done.returncode == 0 and "would use mypython (Python 3.12.7)" in done.stdout, done.stderr
+
+
+# ------------------------------------------------------------------ every pin has a wheel
+@pytest.fixture(scope="module")
+def resolutions():
+    wheels = load_wheels()
+    targets = [(python, machine) for machine in wheels.PLATFORMS for python in wheels.PYTHONS]
+    with ThreadPoolExecutor(max_workers=3) as pool:  # pip waits on the index most of the time
+        found = dict(zip(targets, pool.map(lambda target: wheels.resolve(*target), targets)))
+    if any(r.unreachable for r in found.values()):
+        pytest.skip("the package index could not be reached: pin resolution not checked")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
+def test_every_pin_resolves_on_linux_x86_64(resolutions, python):
+    result = resolutions[python, "x86_64"]
+    assert result.ok, str(result)
+
+
+@pytest.mark.slow
+def test_the_readme_says_what_the_resolver_found_for_aarch64(resolutions):
+    readme = (REPO / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| Linux aarch64"))
+    all_resolve = all(resolutions[python, "aarch64"].ok for python in ("3.11", "3.12", "3.13"))
+    failing = [str(r) for (python, machine), r in resolutions.items() if machine == "aarch64" and not r.ok]
+    assert ("every pin resolves" in row) == all_resolve, f"README says {row!r}; the resolver: {failing}"
+
+
+def test_a_pin_without_a_wheel_is_reported(tmp_path, monkeypatch):
+    """The resolver check can fail: a requirement that exists for no Python is named."""
+    wheels = load_wheels()
+    impossible = tmp_path / "impossible.txt"
+    impossible.write_text("torch==0.0.1\n")
+    monkeypatch.setattr(wheels, "REQUIREMENTS", [str(impossible)])
+    result = wheels.resolve("3.12", "x86_64")
+    if result.unreachable:
+        pytest.skip("the package index could not be reached")
+    assert not result.ok and "torch==0.0.1" in result.missing
