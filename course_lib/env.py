@@ -147,6 +147,11 @@ class Report:
         ]
         width = max(len(label) for label, _ in rows) + 2
         lines = [f"{label:<{width}}{value}" for label, value in rows]
+        # the import error as Python printed it: what a learner pastes into a search box (ERRORS.md lists it)
+        for module, error in (("torch", f.torch_import_error), ("fbgemm_gpu", f.fbgemm_import_error),
+                              ("torchrec", f.torchrec_import_error)):
+            if error:
+                lines.append(f"{'':<{width}}import {module}: {error.strip().splitlines()[0][:160]}")
         if self.ok:
             lines.append(_all_good_line(self))
         for p in self.errors + self.warnings:

@@ -365,3 +365,12 @@ def test_main_exits_non_zero_on_an_error(monkeypatch: pytest.MonkeyPatch, health
     assert env.main(["--backend", "nccl", "--world-size", "2"]) == 1
     assert "✗ backend='nccl'" in capsys.readouterr().out
     assert env.main([]) == 0
+
+
+def test_the_report_shows_each_import_error_as_python_printed_it(healthy: EnvFacts) -> None:
+    """What a learner pastes into a search box (ERRORS.md lists it) is in the report, first line only."""
+    facts = dataclasses.replace(healthy, fbgemm_import_error=UNDEFINED_SYMBOL, torchrec_import_error=CUDA_FBGEMM_ERROR)
+    text = str(doctor(facts=facts))
+    assert f"import fbgemm_gpu: {UNDEFINED_SYMBOL}" in text
+    assert "import torchrec: OSError: Could not load this library" in text and "libcudart" not in text
+    assert "import fbgemm_gpu:" not in str(doctor(facts=healthy))
