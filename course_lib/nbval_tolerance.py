@@ -36,7 +36,9 @@ def install() -> None:
                 continue
             for key, value in output.items():
                 if key == "data":
-                    found.update({mime: found.get(mime, []) + [(value, mime)] for mime in value if mime not in skip})
+                    for mime in value:
+                        if mime not in skip:
+                            found.setdefault(mime, []).append((value, mime))
                 elif key not in skip:
                     found.setdefault(key, []).append((output, key))
         return found

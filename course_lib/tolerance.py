@@ -77,12 +77,15 @@ class Declared:
         return "; ".join(parts + [f'{tolerance} after "{words}"' for words, tolerance in self.rules])
 
 
+def _unreadable(comment: str, part: str) -> ValueError:
+    return ValueError(f"'# tolerance: {comment}': cannot read {part.strip()!r}; write ±0.002, ±5% or ±0.01 after \"words\"")
+
+
 def _amounts(text: str, comment: str) -> Tolerance:
     absolute = relative = 0.0
     found = list(_AMOUNT.finditer(text))
     if not found or _AMOUNT.sub("", text).strip():
-        raise ValueError(f"'# tolerance: {comment}': cannot read {text.strip()!r}; write ±0.002, ±5% or "
-                         f'±0.01 after "words"')
+        raise _unreadable(comment, text)
     for amount in found:
         value = float(amount.group("value"))
         if amount.group("percent"):
@@ -106,8 +109,7 @@ def declared_tolerance(source: str) -> Declared | None:
     for part in filter(str.strip, spec.split(";")):
         rule = _RULE.match(part)
         if rule is None:
-            raise ValueError(f"'# tolerance: {comment}': cannot read {part.strip()!r}; write ±0.002, ±5% or "
-                             f'±0.01 after "words"')
+            raise _unreadable(comment, part)
         tolerance = _amounts(rule.group("amounts"), comment)
         if rule.group("label"):
             rules.append((rule.group("label"), tolerance))

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from course_lib.env import SUPPORTED_PYTHONS  # noqa: E402  (the one list of supported Pythons)
+
 REQUIREMENTS = ["requirements/constraints.txt", "requirements/torch-cpu.txt", "requirements/torchrec.txt"]
-# The oldest patch release of each supported Python that the lock accepts: soupsieve 4.1.3 (the lock's)
-# requires Python >= 3.11.5, so 3.11.0-3.11.4 cannot install it.
-PYTHONS = {"3.11": "3.11.5", "3.12": "3.12.0", "3.13": "3.13.0"}
+# Each supported Python at the oldest patch release the lock accepts (course_lib.env.SUPPORTED_PYTHONS).
+PYTHONS = {f"{major}.{minor}": f"{major}.{minor}.{patch}" for (major, minor), patch in SUPPORTED_PYTHONS.items()}
 PLATFORMS = {
     "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"],
     "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64", "linux_aarch64"],
