@@ -74,6 +74,35 @@ def test_results_closures_and_lambdas(shared_kernel):
     assert "[20, 20]" in cell.stdout
 
 
+def test_a_function_using_dist_and_an_attribute_named_config_ships(shared_kernel):
+    # cloudpickle takes torch.distributed.config (a ConfigModuleInstance, a ModuleType subclass) along with such a
+    # function and could not pickle it: "cannot pickle 'ConfigModuleInstance' object" (lab 04 met it)
+    cell = shared_kernel.run(
+        "import types, torch.distributed as dist\n"
+        "log = types.SimpleNamespace(config=7)\n"
+        "def uses_config(log):\n"
+        "    return dist.get_rank() + log.config\n"
+        "print(launch(uses_config, log))\n"
+    )
+    assert cell.error is None, cell.evalue
+    assert "[7, 8]" in cell.stdout
+
+
+def test_modules_of_module_subclasses_pickle_by_name():
+    import cloudpickle
+    import torch.distributed
+
+    from course_lib.launcher import _pickling
+
+    namespace = {"__name__": "__main__", "dist": torch.distributed}
+    exec("def uses_config(log):\n    return dist.is_available(), log.config\n", namespace)
+    with pytest.raises(TypeError, match="ConfigModuleInstance"):
+        cloudpickle.dumps(namespace["uses_config"])  # the failure the launcher works around
+    shipped = _pickling.loads(_pickling.dumps(namespace["uses_config"]))
+    assert shipped(type("Log", (), {"config": 3})) == (True, 3)
+    assert _pickling.loads(_pickling.dumps(torch.distributed.config)) is torch.distributed.config
+
+
 def test_changed_notebook_function_runs_as_changed_and_warm_launch_is_fast(shared_kernel):
     shared_kernel.run("def answer():\n    return 'old'\nlaunch(answer)")
     cell = shared_kernel.run(

@@ -15,6 +15,8 @@ from typing import Any
 
 import cloudpickle
 
+from course_lib.launcher import _pickling
+
 PAYLOAD = "payload.pkl"
 RENDEZVOUS = "rendezvous"
 
@@ -116,13 +118,13 @@ def _write_result(workdir: str, rank: int, record: tuple[str, Any]) -> None:
     path = result_path(workdir, rank)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(cloudpickle.dumps(record))
+        f.write(_pickling.dumps(record))
     os.replace(tmp, path)
 
 
 def _error_record(exc: BaseException, phase: str) -> dict[str, Any]:
     try:
-        pickled = cloudpickle.dumps(exc)
+        pickled = _pickling.dumps(exc)
     except Exception:
         pickled = None
     return {

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import cloudpickle
 
-from course_lib.launcher import _rank
+from course_lib.launcher import _pickling, _rank
 
 __all__ = [
     "launch",
@@ -261,7 +261,7 @@ def _unpicklable_part(fn: Callable[..., Any], args: tuple, kwargs: dict) -> str:
 
     def fails(obj: Any) -> Exception | None:
         try:
-            cloudpickle.dumps(obj)
+            _pickling.dumps(obj)
         except Exception as exc:  # noqa: BLE001
             return exc
         return None
@@ -676,7 +676,7 @@ def launch(
         "cwd": os.getcwd(),
     }
     try:
-        body = cloudpickle.dumps((fn, args, kwargs))
+        body = _pickling.dumps((fn, args, kwargs))
     except Exception:
         raise TypeError(f"launch() cannot ship this call to the ranks: {_unpicklable_part(fn, args, kwargs)}") from None
 
@@ -687,7 +687,7 @@ def launch(
             workdir = tempfile.mkdtemp(prefix="course-launch-")  # mode 0700: private to this user
             try:
                 with open(os.path.join(workdir, _rank.PAYLOAD), "wb") as f:
-                    f.write(cloudpickle.dumps({**header, "master_port": _free_port()}))
+                    f.write(_pickling.dumps({**header, "master_port": _free_port()}))
                     f.write(body)
                 with _server_lock:
                     try:

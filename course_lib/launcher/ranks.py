@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 
 import cloudpickle
 
-from course_lib.launcher import _rank
+from course_lib.launcher import _pickling, _rank
 from course_lib.launcher.launch import (
     GROUP_ATTEMPTS,
     LaunchError,
@@ -71,7 +71,7 @@ class _GroupNeverFormed(RuntimeError):
 
 
 def _send(sock: socket.socket, message: Any) -> None:
-    data = cloudpickle.dumps(message)
+    data = _pickling.dumps(message)
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
@@ -266,8 +266,8 @@ class Ranks:
             "master_port": _free_port(),
         }
         with open(os.path.join(self.workdir, _rank.PAYLOAD), "wb") as f:
-            f.write(cloudpickle.dumps(header))
-            f.write(cloudpickle.dumps((_serve, (socket_path,), {})))
+            f.write(_pickling.dumps(header))
+            f.write(_pickling.dumps((_serve, (socket_path,), {})))
         self._pump = _OutputPump(self.workdir, self.world_size, self.show)
         self._procs = _Ranks(self.start_method, self.workdir, self.world_size)
         self._conns: dict[int, socket.socket] = {}
