@@ -348,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if seconds:
         print(f"local_slurm: installed {' '.join(PACKAGES)} in {seconds:.0f} s")
     cluster = LocalSlurm()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops the cluster as Ctrl-C does
     try:
         cluster.start()
         print(f"local_slurm: {len(cluster.nodes)} nodes idle {cluster.up_seconds:.1f} s after start")
