@@ -94,18 +94,44 @@ def test_a_failing_job_ends_failed_with_its_exit_code(cluster, tmp_path):
     assert "make no step" in "".join(rank_logs(tmp_path).values()), explain(cluster, job, tmp_path)
 
 
+def job_processes(cluster: local_slurm.LocalSlurm, timeout: float = 30) -> list[str]:
+    """The job processes (steps, torchrun, ranks) still running after up to `timeout` s (killed ones linger
+    a moment before their parents reap them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [c for c in cluster.marked_processes().values() if "python" in c or "slurmstepd" in c or "srun" in c]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def wait_for_checkpoint(cluster: local_slurm.LocalSlurm, job: str, folder: Path, store: Path) -> None:
+    """Wait until the running `job` has saved a complete checkpoint into `store`."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while checkpoint.latest(store) is None:
+        assert time.monotonic() < deadline, f"no checkpoint after {JOB_TIMEOUT} s\n{explain(cluster, job, folder)}"
+        assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING"), explain(cluster, job, folder)
+        time.sleep(0.2)
+    assert cluster.job(job).get("JobState") == "RUNNING", explain(cluster, job, folder)
+
+
+def test_scancel_ends_every_rank(cluster, tmp_path):
+    store = tmp_path / "checkpoints"
+    job = submit(cluster, tmp_path, STEPS=100_000, CHECKPOINT_DIR=store, CHECKPOINT_EVERY=5)
+    wait_for_checkpoint(cluster, job, tmp_path, store)  # the ranks are training
+    cluster.command("scancel", job)
+    fields = cluster.wait(job, timeout=120)
+    assert fields.get("JobState") == "CANCELLED", explain(cluster, job, tmp_path)
+    assert job_processes(cluster) == [], explain(cluster, job, tmp_path)
+
+
 def test_a_node_failure_fails_the_job_and_the_resubmitted_job_resumes(cluster, tmp_path):
     store = tmp_path / "checkpoints"
     options = {"STEPS": 60, "CHECKPOINT_DIR": store, "CHECKPOINT_EVERY": 10}
     first = tmp_path / "first"
     # --no-requeue: Slurm would otherwise put a batch job that lost a node back in the queue by itself.
     job = submit(cluster, first, ("--no-requeue",), **options)
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while checkpoint.latest(store) is None:
-        assert time.monotonic() < deadline, f"no checkpoint after {JOB_TIMEOUT} s\n{explain(cluster, job, first)}"
-        assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING"), explain(cluster, job, first)
-        time.sleep(0.2)
-    assert cluster.job(job).get("JobState") == "RUNNING", explain(cluster, job, first)
+    wait_for_checkpoint(cluster, job, first, store)
 
     killed = cluster.kill_node("n2")  # n2's slurmd, its job step, torchrun and rank: a node that lost power
     assert any("torch.distributed.run" in k for k in killed) and any("course_lib.run" in k for k in killed), killed
@@ -117,10 +143,7 @@ def test_a_node_failure_fails_the_job_and_the_resubmitted_job_resumes(cluster, t
     assert fields.get("ExitCode") != "0:0", explain(cluster, job, first)
     assert took < 120  # SlurmdTimeout=10: Slurm declares n2 down within about 3 of its pings
 
-    deadline = time.monotonic() + 30  # killed processes may linger a moment before their parents reap them
-    while (left := [c for c in cluster.marked_processes().values() if "python" in c or "slurmstepd" in c]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, f"processes of the failed job still running: {left}"
+    assert job_processes(cluster) == [], explain(cluster, job, first)
 
     saved = checkpoint.latest(store)
     saved_step = int(saved.name.removeprefix("step_"))
