@@ -101,7 +101,8 @@ class LocalSlurm:
         self.munge_socket = self.root / "munge" / "munge.socket.2"
         self.daemons: dict[str, subprocess.Popen] = {}
         self.started_at: float | None = None
-        self.up_seconds: float | None = None
+        self.up_seconds: float | None = None  # from the start of the daemons to every node idle
+        self.install_seconds = 0.0  # apt, when Slurm was missing
 
     # ----------------------------------------------------------------------------------- environment
 
@@ -179,7 +180,7 @@ class LocalSlurm:
         reason = unavailable_reason()
         if reason:
             raise ClusterError(f"cannot start a local Slurm cluster: {reason}")
-        install()
+        self.install_seconds = install()
         start = time.monotonic()
         self.started_at = start
         self.write_config()

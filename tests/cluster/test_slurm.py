@@ -32,7 +32,7 @@ def cluster():
     slurm = local_slurm.LocalSlurm(nodes=2)
     try:
         slurm.start(timeout=120)
-        print(f"\nlocal Slurm: 2 nodes idle {slurm.up_seconds:.2f} s after start")
+        print(f"\nlocal Slurm: installed in {slurm.install_seconds:.1f} s; 2 nodes idle {slurm.up_seconds:.2f} s after start")
         yield slurm
     finally:
         slurm.stop()
