@@ -12,7 +12,8 @@ multiple-slurmd support), each on its own port, with one CPU each; one ``slurmct
 its own key and socket, and every path (config, state, spool, logs) under one temporary folder. The
 daemons run in the foreground as children of this process; ``stop()`` cancels the jobs, ends the
 daemons and then every process that carries this cluster's marker in its environment (job steps, tasks),
-so nothing is left running. Needs root, Debian (apt) and no systemd; see /work/shared/DESIGN.md.
+so nothing is left running. Needs root, and Debian's apt-get unless Slurm is installed; checked on
+Debian 12 (slurm-wlm 22.05) as root, without systemd.
 """
 from __future__ import annotations
 
@@ -100,7 +101,6 @@ class LocalSlurm:
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket.2"
         self.daemons: dict[str, subprocess.Popen] = {}
-        self.started_at: float | None = None
         self.up_seconds: float | None = None  # from the start of the daemons to every node idle
         self.install_seconds = 0.0  # apt, when Slurm was missing
 
@@ -182,7 +182,6 @@ class LocalSlurm:
             raise ClusterError(f"cannot start a local Slurm cluster: {reason}")
         self.install_seconds = install()
         start = time.monotonic()
-        self.started_at = start
         self.write_config()
         key = self.root / "munge" / "munge.key"
         subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True, timeout=60)
@@ -328,9 +327,16 @@ class LocalSlurm:
         raise ClusterError(f"job {job_id} still {self.job(job_id).get('JobState')} after {timeout} s\n{self.diagnostics()}")
 
     def diagnostics(self, lines: int = 25) -> str:
-        """The tails of the daemons' logs, and the queue: what to read when something went wrong."""
+        """The nodes, the queue and the tails of the daemons' logs: what to read when something went wrong."""
         parts = []
+        if self.daemons.get("slurmctld") is not None and self.daemons["slurmctld"].poll() is None:
+            for args in (("sinfo", "-N", "-l"), ("squeue", "-l")):
+                result = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=30)
+                parts.append(f"--- {' '.join(args)}\n{result.stdout}{result.stderr}")
         for log in sorted((self.root / "log").glob("*")):
+            twin = log.with_suffix(".log")  # a daemon's .out repeats its .log, but also holds what it printed first
+            if log.suffix == ".out" and twin.exists() and twin.stat().st_size > 0:
+                continue
             parts.append(f"--- {log.name} (last {lines} lines)\n{_tail(log, lines)}")
         return "\n".join(parts)
 
