@@ -32,7 +32,14 @@ if TYPE_CHECKING:
 __all__ = ["free_port", "memory_on_rank", "memory_scaling", "returned", "run_nodes", "train"]
 
 
-def train(steps: int = 120, batch_size: int = 512, num_train: int = 100_000, seed: int = 0) -> dict[str, Any]:
+def train(
+    steps: int = 120,
+    batch_size: int = 512,
+    num_train: int = 100_000,
+    seed: int = 0,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 10,
+) -> dict[str, Any]:
     """Train the click DLRM for `steps` steps of `batch_size` rows per rank, then score the test split.
 
     The click log (``data.make_click_log``, `num_train` training rows, seeded) is made on every rank; the
@@ -42,6 +49,14 @@ def train(steps: int = 120, batch_size: int = 512, num_train: int = 100_000, see
     of its first and its last 10 steps (its own batches: they differ from rank to rank, though two ranks'
     means may round alike), and, the same on every rank, the test AUC of all ranks' scores and the test
     split's Bayes-optimal AUC.
+
+    With `checkpoint_dir` (a folder every rank can reach), the job saves a DCP checkpoint of the model, its
+    optimizers and the step there every `checkpoint_every` steps and after the last one, and first resumes
+    from the newest complete one it finds (``checkpoint.latest``): a resubmitted job carries on where the
+    failed one last saved, on the same data (``checkpoint.batch_at``: the order is a function of the step),
+    and ends as the uninterrupted job would. It then also returns `resumed_from` (the step it loaded, 0 for
+    a fresh start) and `checkpoint` (the folder it saved last); `steps` is the step reached, and the losses
+    are those of the steps this job ran (None if it had none left to run).
     """
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -63,8 +78,14 @@ def train(steps: int = 120, batch_size: int = 512, num_train: int = 100_000, see
     steps_per_epoch = len(log.train) // (batch_size * world_size)
     if steps_per_epoch == 0:
         raise ValueError(f"{len(log.train)} training rows make no step of {batch_size} rows x {world_size} ranks")
-    epochs = math.ceil(steps / steps_per_epoch)
-    losses = training.train(dmp, training.optimizer(dmp), log.train, batch_size, epochs, max_steps=steps, desc=None)
+    optimizer = training.optimizer(dmp)
+    if checkpoint_dir is None:
+        epochs = math.ceil(steps / steps_per_epoch)
+        losses = training.train(dmp, optimizer, log.train, batch_size, epochs, max_steps=steps, desc=None)
+        resumed: dict[str, Any] = {}
+    else:
+        losses, resumed = _train_with_checkpoints(dmp, optimizer, log.train, batch_size, steps, checkpoint_dir,
+                                                  checkpoint_every)
     logits, labels = training.predict(dmp, log.test)
     window = min(10, len(losses))
     return {
@@ -72,12 +93,43 @@ def train(steps: int = 120, batch_size: int = 512, num_train: int = 100_000, see
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "rank": rank,
         "world_size": world_size,
-        "steps": len(losses),
-        "first_loss": round(sum(losses[:window]) / window, 4),
-        "last_loss": round(sum(losses[-window:]) / window, 4),
+        "steps": resumed.get("steps", len(losses)),
+        "first_loss": round(sum(losses[:window]) / window, 4) if losses else None,
+        "last_loss": round(sum(losses[-window:]) / window, 4) if losses else None,
         "auc": round(training.auc(logits, labels), 4),
         "optimal_auc": round(data.bayes_optimal_auc(log.test), 4),
+        **{key: value for key, value in resumed.items() if key != "steps"},
     }
+
+
+def _train_with_checkpoints(
+    dmp: torch.nn.Module, optimizer: Any, split: Any, batch_size: int, steps: int, root: str, every: int
+) -> tuple[list[float], dict[str, Any]]:
+    """:func:`train`'s loop with DCP checkpoints (lab 08): resume from the newest under `root`, save every
+    `every` steps and after the last. Returns this job's losses and ``{"steps", "resumed_from", "checkpoint"}``."""
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint, training
+
+    if every < 1:
+        raise ValueError(f"checkpoint_every must be at least 1, got {every}")
+    app = checkpoint.AppState(dmp, optimizer)
+    last = checkpoint.latest(root)  # the same folder on every rank: the newest with DCP's .metadata
+    if last is not None:
+        checkpoint.init_optimizer_state(optimizer)  # Adam's lazy state must exist to be loaded into
+        dcp.load({"app": app}, checkpoint_id=last)
+    resumed_from = app.step
+    device = training.device()
+    dmp.train()
+    losses = []
+    while app.step < steps:
+        batch = checkpoint.batch_at(split, app.step, batch_size).to(device)
+        losses.append(training.train_step(dmp, optimizer, batch))
+        app.step += 1
+        if app.step % every == 0 or app.step == steps:
+            last = os.path.join(root, checkpoint.step_folder(app.step))
+            dcp.save({"app": app}, checkpoint_id=last)
+    return losses, {"steps": app.step, "resumed_from": resumed_from, "checkpoint": None if last is None else str(last)}
 
 
 # ------------------------------------------------------------------------------ several "nodes" on one machine

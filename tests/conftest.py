@@ -11,6 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# tests/cluster installs Slurm and starts daemons as root: it runs only when named (`make test-cluster`,
+# `pytest tests/cluster`), never in `make test` or `pytest tests`.
+collect_ignore = ["cluster"]
+
 
 def rejects(check, *args, match: str) -> str:
     """Assert that an exercise check fails on ``args`` with a message containing ``match``; return the message."""

@@ -20,6 +20,19 @@ def test_train_learns_and_the_ranks_agree():
     assert first["auc"] < first["optimal_auc"]
 
 
+def test_train_resumes_from_its_last_checkpoint_as_if_never_stopped(tmp_path):
+    plain = launch(capstone.train, 20, 256, 20_000, show_ranks=[])
+    assert "resumed_from" not in plain[0]  # without a checkpoint_dir, lab 09's job and its dict are unchanged
+    cut = launch(capstone.train, 10, 256, 20_000, 0, str(tmp_path), 5, show_ranks=[])  # a job that stops at 10
+    assert [r["resumed_from"] for r in cut] == [0, 0]
+    assert sorted(os.listdir(tmp_path)) == ["step_000005", "step_000010"]
+    resumed = launch(capstone.train, 20, 256, 20_000, 0, str(tmp_path), 5, show_ranks=[])  # submitted again
+    assert [(r["resumed_from"], r["steps"]) for r in resumed] == [(10, 20), (10, 20)]
+    assert resumed[0]["checkpoint"] == str(tmp_path / "step_000020")
+    for before, after in zip(plain, resumed):  # the last 10 steps and the model match the uninterrupted run's
+        assert (after["last_loss"], after["auc"]) == (before["last_loss"], before["auc"])
+
+
 def test_two_torchrun_nodes_on_one_machine():
     port = capstone.free_port()
     commands = [
