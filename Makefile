@@ -13,7 +13,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks test-other-cpu test-browser test-gpu labs solutions doctor clean
+.PHONY: setup lab test test-unit test-notebooks test-other-cpu test-browser test-cluster test-gpu labs solutions doctor clean
 
 setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
@@ -41,6 +41,12 @@ test-other-cpu: setup
 # The labs in a real JupyterLab driven by headless Chromium (skips, saying why, when Chromium is missing).
 test-browser: setup
 	$(PY) -m pytest tests/browser -rs
+
+# A real two-node Slurm cluster on this machine (root on Debian; installs slurm-wlm and munge with apt when
+# missing) runs cluster/capstone.sbatch: a job, a failing job, scancel, a killed node and the resumed job.
+# Elsewhere it skips, saying why.
+test-cluster: setup
+	$(PY) -m pytest tests/cluster -rs
 
 # Instructors and GPU CI: stop at once without 2 NVIDIA GPUs; else build the CUDA .venv (CUDA=cu126 unless
 # given), run the GPU tests and every solution notebook with COURSE_BACKEND=nccl, and print one table.
