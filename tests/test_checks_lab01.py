@@ -409,3 +409,39 @@ def test_route_check_rejects_more_wrong_answers(wrong, words):
 def test_route_check_accepts_counts_exchanged_by_all_gather(capsys):
     lab01.check_route_ids(route_counts_by_all_gather)
     assert capsys.readouterr().out.startswith("✓")
+
+
+# ------------------------------------------------------------------ answers that change what they were handed
+
+
+def route_sorting_the_callers_ids(ids, num_rows):  # right ids arrive, but the caller's ids are now reordered
+    owner = ids // math.ceil(num_rows / dist.get_world_size())
+    order = torch.argsort(owner, stable=True)
+    ids[:] = ids[order].clone()
+    return route_solution(ids, num_rows)
+
+
+def mean_casting_the_callers_tensor(x):  # "more precision": the caller's tensor is now float64
+    x.data = x.data.double()
+    t = torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=torch.float64)])
+    dist.all_reduce(t)
+    return (t[0] / t[1]).item()
+
+
+def slice_reducing_the_callers_tensor(x):  # all_reduce works in place: the caller's x now holds the sum
+    dist.all_reduce(x)
+    return torch.tensor_split(x, dist.get_world_size())[dist.get_rank()]
+
+
+@pytest.mark.parametrize(
+    "check, wrong",
+    [
+        (lab01.check_route_ids, route_sorting_the_callers_ids),
+        (lab01.check_global_mean, mean_casting_the_callers_tensor),
+        (lab01.check_slice_of_sum, slice_reducing_the_callers_tensor),
+    ],
+)
+def test_answers_that_change_their_input_are_rejected(check, wrong):
+    with pytest.raises(CheckFailed, match=r"changed its argument 1 \(a torch\.\w+ tensor of shape .*\) in place") as failure:
+        check(wrong)
+    assert "work on a copy" in failure.value.hint

@@ -488,3 +488,12 @@ def two_tables_of_one_name(vocab_size, dim, budget_bytes):  # an EBC refuses the
 
 def test_word_tables_check_reports_tables_an_ebc_refuses():
     rejects(lab02.check_word_tables, two_tables_of_one_name, match="Duplicate table name t_word")
+
+
+def test_pooled_width_that_sorts_the_callers_tables_is_rejected():
+    def sorting_in_place(tables):  # the right width, but the caller's list is now in another order
+        tables.sort(key=lambda t: -t.embedding_dim)
+        return sum(t.embedding_dim * len(t.feature_names) for t in tables)
+
+    with pytest.raises(CheckFailed, match=r"pooled_width changed its argument 1 \(a list\) in place"):
+        lab02.check_pooled_width(sorting_in_place)

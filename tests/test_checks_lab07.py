@@ -313,3 +313,13 @@ def test_the_solution_formula_is_torch_chunk():
             for rank in range(world_size):
                 want = 16 * (len(chunks[rank]) if rank < len(chunks) else 0)
                 assert fsdp_dense_bytes({"p": (rows,)}, world_size, rank) == want
+
+
+def test_bytes_check_rejects_an_answer_that_empties_the_shapes_it_was_given():
+    def consuming(shapes, world_size, rank):  # the right bytes, but the caller's dict is empty afterwards
+        copy = dict(shapes)
+        shapes.clear()
+        return fsdp_dense_bytes(copy, world_size, rank)
+
+    with pytest.raises(CheckFailed, match=r"fsdp_dense_bytes changed its argument 1 \(a dict\) in place"):
+        lab07.check_dense_bytes(consuming)

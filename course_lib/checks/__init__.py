@@ -81,6 +81,98 @@ def same_gradients(name: str, loss: Any, inputs: dict[str, Any], reference: Call
                  f"difference {float((given.grad - want.grad).abs().max()):.2e}): part of it was detached", why)
 
 
+class InputChanged(Exception):
+    """Raised (on a rank, or here) when a learner's function changed an argument it was handed."""
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of what a function may not change in `value`: tensors (values, dtype, device), KJTs, lists,
+    tuples, dicts and dataclasses of them. Modules, optimizers and other objects are left out (an exercise may
+    have to change those: wrap a model, step an optimizer)."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.detach().clone(), value.dtype, value.device, tuple(value.shape))
+    if type(value).__name__ == "KeyedJaggedTensor":
+        return ("kjt", list(value.keys()), _snapshot(value.values()), _snapshot(value.lengths()), _snapshot(value.weights_or_none()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_snapshot(item) for item in value])
+    if isinstance(value, dict):
+        return ("dict", {key: _snapshot(item) for key, item in value.items()})
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # field by field (a config's init_fn
+        return ("dataclass", {f.name: _snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)})  # is left out)
+    if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
+        return ("value", value)
+    return ("unchecked",)
+
+
+def _same(before: Any, value: Any) -> bool:
+    import torch
+
+    kind = before[0]
+    if kind == "unchecked":
+        return True
+    if kind == "tensor":
+        _, data, dtype, device, shape = before
+        return (isinstance(value, torch.Tensor) and value.dtype == dtype and value.device == device
+                and tuple(value.shape) == shape and torch.equal(value.detach(), data))
+    if kind == "kjt":
+        _, keys, values, lengths, weights = before
+        return (list(value.keys()) == keys and _same(values, value.values()) and _same(lengths, value.lengths())
+                and _same(weights, value.weights_or_none()))
+    if kind in ("list", "tuple"):
+        return (isinstance(value, (list, tuple)) and len(value) == len(before[1])
+                and all(_same(b, v) for b, v in zip(before[1], value)))
+    if kind == "dict":
+        return (isinstance(value, dict) and value.keys() == before[1].keys()
+                and all(_same(before[1][key], value[key]) for key in value))
+    if kind == "dataclass":
+        return all(_same(field, getattr(value, name, None)) for name, field in before[1].items())
+    return value == before[1]
+
+
+def call_unchanged(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a learner's ``fn(*args, **kwargs)`` and return its result, raising :class:`InputChanged` when the
+    call changed an argument it was handed: a tensor changed in place (``ids //= block``, ``dist.all_reduce(x)``
+    on the caller's ``x``, ``.sigmoid_()``), moved or cast (``.data = ...``), a list sorted or emptied, a dict
+    popped. The rule of every check: an answer works on copies of what it is given."""
+    before = [_snapshot(arg) for arg in args]
+    before_kwargs = {key: _snapshot(value) for key, value in kwargs.items()}
+    result = fn(*args, **kwargs)
+    for position, (snapshot, arg) in enumerate(zip(before, args)):
+        if not _same(snapshot, arg):
+            raise InputChanged(f"{name} changed its argument {position + 1} ({_described(arg)}) in place")
+    for key, snapshot in before_kwargs.items():
+        if not _same(snapshot, kwargs[key]):
+            raise InputChanged(f"{name} changed its argument {key!r} ({_described(kwargs[key])}) in place")
+    return result
+
+
+def _described(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+INPUT_CHANGED_HINT = (
+    "the caller still needs what it handed over: work on a copy (x.clone(), list(xs), dict(d)) or out of place "
+    "(x // k, not x //= k; torch.sigmoid(x), not x.sigmoid_()); a collective that works in place, such as "
+    "dist.all_reduce, needs a copy of the caller's tensor"
+)
+
+
+def checked_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """:func:`call_unchanged` for a check running in this process: an answer that changed its inputs fails."""
+    try:
+        return call_unchanged(name, fn, *args, **kwargs)
+    except InputChanged as changed:
+        fail(str(changed), INPUT_CHANGED_HINT)
+
+
 def _unwritten(error: BaseException | None) -> bool:
     """Whether `error` is the ``raise NotImplementedError()`` a lab leaves in an exercise (no message: a
     NotImplementedError with one, such as torch's "Could not run 'aten::...'", is a real answer's error)."""

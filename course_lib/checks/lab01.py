@@ -12,7 +12,7 @@ import math
 import warnings
 from typing import Any, Callable
 
-from course_lib.checks import exercise, fail, passed
+from course_lib.checks import INPUT_CHANGED_HINT, call_unchanged, exercise, fail, passed
 
 # torch.distributed functions that communicate; the checks count the learner's calls to them.
 COLLECTIVES = (
@@ -157,7 +157,7 @@ def _call_counting(
                 saved.append((module, name, original))
                 setattr(module, name, wrapper)
     try:
-        result = fn(*args_by_rank[dist.get_rank()])
+        result = call_unchanged(getattr(fn, "__name__", "your function"), fn, *args_by_rank[dist.get_rank()])
     finally:
         for module, name, original in saved:
             setattr(module, name, original)
@@ -194,8 +194,16 @@ def _run(
         raised = [f for f in error.failures if f.kind == "raised"]
         if raised and all(f.exc_type == "NotImplementedError" for f in raised):
             fail(f"{what} is not written yet", "replace `raise NotImplementedError()` with your code")
+        _fail_if_input_changed(error, world)
         first = error.failures[0].headline() if error.failures else error.summary
         fail(f"{what} failed on {world} ranks: {first}", _launch_hint(str(error), reproduce))
+
+
+def _fail_if_input_changed(error: Any, world: int) -> None:
+    """A launch that failed because the answer changed the tensor it was handed (call_unchanged, on the rank)."""
+    changed = [f for f in error.failures if f.kind == "raised" and f.exc_type == "InputChanged"]
+    if changed:
+        fail(f"on {world} ranks, rank {changed[0].rank}: {changed[0].message.strip()}", INPUT_CHANGED_HINT)
 
 
 def _launch_hint(text: str, reproduce: str) -> str:
@@ -443,6 +451,7 @@ def check_slice_of_sum(
             raised = [f for f in error.failures if f.kind == "raised"]
             if raised and all(f.exc_type == "NotImplementedError" and not f.message.strip() for f in raised):
                 raise
+            _fail_if_input_changed(error, world)
             first = error.failures[0].headline() if error.failures else error.summary
             hint = _launch_hint(str(error), _REPRODUCE_SLICE)
             if "invalid tensor size" in first.lower():

@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
-from course_lib.checks import exercise, fail, passed
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, passed
 
 # ------------------------------------------------------------------------------------------ exercise 1
 
@@ -124,7 +124,9 @@ def check_pooled_width(pooled_width: Callable[[list[EmbeddingBagConfig]], Any]) 
     for tables in _width_cases():
         description = ", ".join(f"{t.name}(dim {t.embedding_dim}, features {t.feature_names})" for t in tables)
         try:
-            got = pooled_width(tables)
+            got = checked_call("pooled_width", pooled_width, tables)
+        except CheckFailed:
+            raise
         except Exception as error:
             fail(f"pooled_width raised {type(error).__name__}: {error} for [{description}]")
         want = _measured_width(tables)

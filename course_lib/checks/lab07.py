@@ -15,7 +15,7 @@ import functools
 from typing import Any, Callable, Mapping
 
 from course_lib import data
-from course_lib.checks import exercise, fail, is_number, launch_quietly, one_line, passed
+from course_lib.checks import checked_call, exercise, fail, is_number, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 90.0
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
@@ -344,7 +344,7 @@ def check_dense_bytes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int
         predictions[world_size] = []
         for rank in range(world_size):
             try:
-                got = predict(dict(shapes), world_size, rank)
+                got = checked_call("fsdp_dense_bytes", predict, dict(shapes), world_size, rank)
             except NotImplementedError:
                 fail("fsdp_dense_bytes is not written yet", "replace `raise NotImplementedError()` with your code")
             if not is_number(got):
