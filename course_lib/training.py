@@ -80,16 +80,17 @@ def optimizer(model: nn.Module, dense_learning_rate: float = DEFAULT_DENSE_LR) -
     ``model.fused_optimizer`` belongs to the tables with a fused kernel, which update inside backward: its
     ``step()`` and ``zero_grad()`` have nothing left to do, but it carries their optimizer state and
     learning rate. Adam gets the rest: the dense part, data-parallel tables and tables sharded with the
-    dense kernel. (On a plain, unsharded module it is just Adam over all parameters.)
+    dense kernel. (On a plain, unsharded module it is just Adam over all parameters; on a model of fused
+    tables only, the fused optimizer alone.)
     """
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
     fused = {name for name, sharding in _table_shardings(model).items() if sharding.compute_kernel.startswith("fused")}
-    dense = KeyedOptimizerWrapper(
-        {name: p for name, p in model.named_parameters() if name not in fused},
-        lambda params: torch.optim.Adam(params, lr=dense_learning_rate),
-    )
+    rest = {name: p for name, p in model.named_parameters() if name not in fused}
     fused_optimizer = getattr(model, "fused_optimizer", None)
+    if not rest and fused_optimizer is not None:  # every parameter is a fused table: a torch optimizer over
+        return CombinedOptimizer([fused_optimizer])  # nothing would raise "optimizer got an empty parameter list"
+    dense = KeyedOptimizerWrapper(rest, lambda params: torch.optim.Adam(params, lr=dense_learning_rate))
     return CombinedOptimizer([fused_optimizer, dense]) if fused_optimizer is not None else dense
 
 

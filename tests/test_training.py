@@ -177,3 +177,23 @@ def test_model_plan_is_the_hand_plan_of_the_models_tables_at_the_ebcs_path(log):
 def test_semi_sync_pipeline_refuses_to_run_on_cpu_streams():
     # TorchRec 1.8's TrainPipelineSemiSync calls record_stream on CUDA streams that CPUs do not have
     assert launch(training.semi_sync_attempt, world_size=2, show_ranks=[]) == ["RuntimeError: unknown parameter type"] * 2
+
+
+def _all_fused_optimizer(tables):
+    from course_lib import optimizers
+
+    ebc = optimizers.row_wise_ebc(tables, training.sharders()[0])
+    optimizer = training.optimizer(ebc)
+    weights = [p for p in ebc.parameters() if p.numel()]
+    before = [w.detach().clone() for w in weights]
+    optimizer.zero_grad()
+    ebc(data.make_click_log(data.ClickLogConfig(num_train=2_000, num_test=200)).train.batch(0, 64).sparse_features).values().pow(2).sum().backward()
+    optimizer.step()
+    return type(optimizer).__name__, len(optimizer.state_dict()["state"]), any(not torch.equal(b, w) for b, w in zip(before, weights))
+
+
+def test_optimizer_of_a_model_of_fused_tables_only_is_the_fused_optimizer():
+    # a dense optimizer over nothing raises "optimizer got an empty parameter list" (lab 05, torchrec #143)
+    tables = data.make_click_log(data.ClickLogConfig(num_train=2_000, num_test=200)).tables(16)
+    name, states, changed = launch(_all_fused_optimizer, tables, world_size=1, show_ranks=[])[0]
+    assert name == "CombinedOptimizer" and states == len(tables) and changed
