@@ -142,3 +142,14 @@ def test_a_pin_without_a_wheel_is_reported(tmp_path, monkeypatch):
         pytest.skip("the package index could not be reached")
     assert not result.ok and "torch==0.0.1" in result.missing
 
+
+def test_a_yanked_pin_is_reported(tmp_path, monkeypatch):
+    """soupsieve 3.0.1 is yanked (broken on 3.11.0-3.11.4): pip installs it with a warning; the check fails."""
+    wheels = load_wheels()
+    yanked = tmp_path / "yanked.txt"
+    yanked.write_text("soupsieve==3.0.1\n")
+    monkeypatch.setattr(wheels, "REQUIREMENTS", [str(yanked)])
+    result = wheels.resolve("3.12", "x86_64")
+    if result.unreachable:
+        pytest.skip("the package index could not be reached")
+    assert not result.ok and result.missing.startswith("soupsieve==3.0.1 is yanked: Python < 3.11.5"), result
