@@ -20,7 +20,6 @@ IMAGE=${CONTAINER_IMAGE:-localhost/torchrec-course:test}
 NAME=course-test-$$
 LOGS=${CONTAINER_LOGS:-build/container}
 TOKEN=test-container-$RANDOM$RANDOM
-mkdir -p "$LOGS"
 
 # Settings this kind of machine needs (root, no systemd, hybrid cgroups; see DESIGN.md): runc (crun refuses the
 # cgroup layout), cgroupfs, a file events log, and ulimits root may set here.
@@ -87,6 +86,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || skip "${missing[*]} missing and not root, so they cannot be installed (apt-get install podman buildah runc debootstrap curl)"
   command -v apt-get >/dev/null 2>&1 || skip "${missing[*]} missing and no apt-get to install them (this test builds a Debian base with debootstrap)"
   echo "test-container: installing podman, buildah, runc, debootstrap ..."
+  mkdir -p "$LOGS"
   start=$(date +%s%N)
   if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah runc debootstrap curl; } \
       >"$LOGS/install.log" 2>&1; then
@@ -96,6 +96,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   TIMES+=("install podman" "$(since "$start")")
 fi
 # Where podman is installed, it must work: from here on every problem is a failure.
+mkdir -p "$LOGS"
 "${PODMAN[@]}" info >"$LOGS/podman-info.log" 2>&1 || fail "podman is installed but 'podman info' fails" "$LOGS/podman-info.log"
 
 # ---------------------------------------------------------------- 2. base image (cached)
