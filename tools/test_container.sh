@@ -143,8 +143,11 @@ if [ -n "$CA" ]; then
   build+=(-v "$(realpath "$CA"):/run/course-ca.crt:ro" --build-arg PIP_CERT=/run/course-ca.crt)
 fi
 echo "test-container: building with wheels from ${WHEELS:-PyPI and the PyTorch index}, CA bundle ${CA:-none}"
+previous=$("${PODMAN[@]}" image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 phase "build image" "$LOGS/build.log" "${build[@]}" .
-"${PODMAN[@]}" image prune -f >/dev/null 2>&1 || true  # the previous build's image, now untagged
+if [ -n "$previous" ] && [ "$previous" != "$("${PODMAN[@]}" image inspect -f '{{.Id}}' "$IMAGE")" ]; then
+  "${PODMAN[@]}" rmi "$previous" >/dev/null 2>&1 || true  # the last run's image, now untagged (2 GB)
+fi
 
 # ---------------------------------------------------------------- 4. run it as a learner would
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
