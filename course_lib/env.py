@@ -48,8 +48,8 @@ PINNED_TORCHREC = "1.8.0"
 # requirements/course.txt. torchrec 1.8 declares 1.0.3; with 1.9.0 every torchrec.metrics metric fails in compute().
 PINNED_TORCHMETRICS = "1.0.3"
 # The Pythons every pin has a wheel for (tools/wheels.py asks pip's resolver; tests/test_python_versions.py),
-# each from its oldest patch release the lock accepts (the lock's soupsieve 4.1.3 needs 3.11.5).
-SUPPORTED_PYTHONS = {(3, 11): 5, (3, 12): 0, (3, 13): 0}
+# each from its oldest patch release the lock accepts (soupsieve is held at 2.10 so that 3.11.0-3.11.4 qualify).
+SUPPORTED_PYTHONS = {(3, 11): 0, (3, 12): 0, (3, 13): 0}
 
 Severity = Literal["error", "warning"]
 
@@ -524,7 +524,7 @@ def diagnose(facts: EnvFacts, backend: str | None = None, world_size: int | None
     if py is not None and (lowest is None or (patch.isdigit() and int(patch) < lowest)):
         problems.append(Problem(
             "python-version",
-            f"Python {facts.python_version}: the course's pinned wheels exist for CPython 3.11.5 or newer, 3.12 "
+            f"Python {facts.python_version}: the course's pinned wheels exist for CPython 3.11, 3.12 "
             "and 3.13",
             "build .venv with one of them: `make clean lab PYTHON=python3.12` (or python3.11 / python3.13)",
             "warning",

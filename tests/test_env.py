@@ -287,13 +287,13 @@ def test_nccl_missing_from_a_cuda_build(gpu_node: EnvFacts) -> None:
 # ------------------------------------------------------------------------------------ python
 
 
-@pytest.mark.parametrize("version", ["3.11.5", "3.11.14", "3.12.0", "3.12.4", "3.13.1"])
+@pytest.mark.parametrize("version", ["3.11.0", "3.11.2", "3.11.14", "3.12.0", "3.12.4", "3.13.1"])
 def test_supported_pythons_are_not_reported(healthy: EnvFacts, version: str) -> None:
     assert "python-version" not in codes(diagnose(dataclasses.replace(healthy, python_version=version)))
 
 
 def test_other_python_is_a_warning(healthy: EnvFacts) -> None:
-    for version in ("3.10.12", "3.14.0", "3.11.4"):  # 3.11.4: the lock's soupsieve needs 3.11.5
+    for version in ("3.10.12", "3.14.0"):
         p = only(diagnose(dataclasses.replace(healthy, python_version=version)), "python-version")
         assert p.severity == "warning" and version in p.summary and "PYTHON=python3.12" in p.fix
     facts = dataclasses.replace(healthy, python_version="3.14.0")

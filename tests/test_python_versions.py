@@ -1,14 +1,18 @@
-"""The course installs on CPython 3.11.5+, 3.12 and 3.13: setup chooses one, and every pin has a wheel for each.
+"""The course installs on CPython 3.11 (any patch release), 3.12 and 3.13: setup chooses one, and every pin has a wheel for each.
 
 The pins are checked with pip's own resolver in dry-run mode (``tools/wheels.py``): no download, no install.
 Where the package index cannot be reached, those tests skip and say so.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
+import re
 import subprocess
 import sys
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,17 +55,37 @@ def test_setup_takes_the_newest_supported_python(tmp_path):
 
 
 def test_setup_passes_over_an_unsupported_python(tmp_path):
-    fake_python(tmp_path, "python3.11", "3.11.2", False)  # below 3.11.5
-    fake_python(tmp_path, "python3.12", "3.12.3", True)
+    fake_python(tmp_path, "python3.11", "3.11.9", True)
+    fake_python(tmp_path, "python3.12", "3.10.12", False)  # a python3.12 name on an older interpreter
     done = choose(tmp_path)
-    assert done.returncode == 0 and "would use python3.12" in done.stdout, done.stderr
+    assert done.returncode == 0 and "would use python3.11" in done.stdout, done.stderr
+
+
+def setup_probe_accepts(version: tuple[int, int, int]) -> bool:
+    """Runs setup's own version probe (the `python -c` in supported()) as an interpreter of `version` would."""
+    code = re.search(r"\"\$1\" -c '(.*?)' 2>/dev/null", SETUP.read_text(), re.S).group(1)
+    fake_sys = types.SimpleNamespace(version_info=version, exit=lambda status: (_ for _ in ()).throw(SystemExit(status)))
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as done:
+        exec(re.sub(r"^import sys;\s*", "", code), {"sys": fake_sys})
+    return done.value.code == 0
+
+
+@pytest.mark.parametrize("version", [(3, 11, 0), (3, 11, 2), (3, 11, 14), (3, 12, 0), (3, 13, 1)])
+def test_setup_accepts_every_supported_python(version):
+    """3.11.2 is Debian 12's python3 (the container image's): the lock holds soupsieve at 2.10 for it."""
+    assert setup_probe_accepts(version)
+
+
+@pytest.mark.parametrize("version", [(3, 10, 12), (3, 14, 0)])
+def test_setup_refuses_other_pythons(version):
+    assert not setup_probe_accepts(version)
 
 
 def test_setup_without_a_supported_python_says_what_to_install(tmp_path):
-    fake_python(tmp_path, "python3.11", "3.11.2", False)
+    fake_python(tmp_path, "python3.11", "3.10.12", False)
     done = choose(tmp_path)
     assert done.returncode == 1
-    assert "no python3.13, python3.12 or python3.11 (3.11.5 or newer)" in done.stderr
+    assert "no python3.13, python3.12 or python3.11 on PATH" in done.stderr
     assert "PYTHON=" in done.stderr
 
 
@@ -69,7 +93,7 @@ def test_setup_refuses_the_python_it_is_given_when_unsupported(tmp_path):
     fake_python(tmp_path, "python3.10", "3.10.12", False)
     done = choose(tmp_path, python="python3.10")
     assert done.returncode == 1
-    assert "3.10.12" in done.stderr and "3.11.5 or newer, 3.12 or 3.13" in done.stderr
+    assert "3.10.12" in done.stderr and "need CPython 3.11, 3.12 or 3.13" in done.stderr
 
 
 def test_setup_takes_the_python_it_is_given(tmp_path):
@@ -117,3 +141,15 @@ def test_a_pin_without_a_wheel_is_reported(tmp_path, monkeypatch):
     if result.unreachable:
         pytest.skip("the package index could not be reached")
     assert not result.ok and "torch==0.0.1" in result.missing
+
+
+def test_a_yanked_pin_is_reported(tmp_path, monkeypatch):
+    """soupsieve 3.0.1 is yanked (broken on 3.11.0-3.11.4): pip installs it with a warning; the check fails."""
+    wheels = load_wheels()
+    yanked = tmp_path / "yanked.txt"
+    yanked.write_text("soupsieve==3.0.1\n")
+    monkeypatch.setattr(wheels, "REQUIREMENTS", [str(yanked)])
+    result = wheels.resolve("3.12", "x86_64")
+    if result.unreachable:
+        pytest.skip("the package index could not be reached")
+    assert not result.ok and result.missing.startswith("soupsieve==3.0.1 is yanked: Python < 3.11.5"), result

@@ -10,11 +10,11 @@ CUDA=${CUDA:-}
 VENV=.venv
 variant=${CUDA:-cpu}
 
-# The pinned wheels exist for CPython 3.11 (3.11.5 or newer: the lock's soupsieve needs it), 3.12 and 3.13, on
+# The pinned wheels exist for CPython 3.11 (any patch release, Debian 12's 3.11.2 included), 3.12 and 3.13, on
 # Linux x86-64 and aarch64 (tools/wheels.py asks pip's resolver; tests/test_python_versions.py keeps it true).
 # PYTHON chooses the interpreter; otherwise the newest of python3.13, python3.12, python3.11 found on PATH.
 supported() {  # prints the interpreter's version when it is one the pins support, else fails
-  "$1" -c 'import sys; v = sys.version_info; ok = v[:2] in ((3, 12), (3, 13)) or (v[:2] == (3, 11) and v[2] >= 5)
+  "$1" -c 'import sys; v = sys.version_info; ok = v[:2] in ((3, 11), (3, 12), (3, 13))
 print("%d.%d.%d" % v[:3]); sys.exit(0 if ok else 1)' 2>/dev/null
 }
 if [ -z "${PYTHON:-}" ]; then
@@ -22,16 +22,16 @@ if [ -z "${PYTHON:-}" ]; then
     if command -v "$candidate" >/dev/null 2>&1 && supported "$candidate" >/dev/null; then PYTHON=$candidate; break; fi
   done
   if [ -z "${PYTHON:-}" ]; then
-    echo "setup: no python3.13, python3.12 or python3.11 (3.11.5 or newer) on PATH. Install one, or point PYTHON at it: make lab PYTHON=/path/to/python3.12" >&2
+    echo "setup: no python3.13, python3.12 or python3.11 on PATH. Install one, or point PYTHON at it: make lab PYTHON=/path/to/python3.12" >&2
     exit 1
   fi
 fi
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  echo "setup: $PYTHON not found. Install Python 3.11.5+, 3.12 or 3.13, or point PYTHON at one: make lab PYTHON=/path/to/python3.12" >&2
+  echo "setup: $PYTHON not found. Install Python 3.11, 3.12 or 3.13, or point PYTHON at one: make lab PYTHON=/path/to/python3.12" >&2
   exit 1
 fi
 if ! version=$(supported "$PYTHON"); then
-  echo "setup: $PYTHON is $("$PYTHON" --version 2>&1); the pinned wheels need CPython 3.11.5 or newer, 3.12 or 3.13 (PYTHON=...)." >&2
+  echo "setup: $PYTHON is $("$PYTHON" --version 2>&1); the pinned wheels need CPython 3.11, 3.12 or 3.13 (PYTHON=...)." >&2
   exit 1
 fi
 if [ -n "${SETUP_CHOOSE_ONLY:-}" ]; then  # tests: say which interpreter would be used, build nothing

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 MIN_GPUS = 2
 NEEDS = (
     f"make test-gpu needs a machine with at least {MIN_GPUS} NVIDIA GPUs, their driver (nvidia-smi) and "
-    "Python 3.11.5+, 3.12 or 3.13; it then builds the CUDA .venv (CUDA=cu126, or e.g. `make test-gpu CUDA=cu128`) and runs "
+    "Python 3.11, 3.12 or 3.13; it then builds the CUDA .venv (CUDA=cu126, or e.g. `make test-gpu CUDA=cu128`) and runs "
     "every notebook on NCCL. On a laptop or a CPU CI machine run `make test` instead."
 )
 

@@ -5,7 +5,8 @@
 For each target it runs ``pip install --dry-run --no-deps --ignore-installed`` over every pin the setup
 installs (``requirements/torch-cpu.txt``, ``torchrec.txt`` and the full lock ``constraints.txt``) with
 pip's ``--python-version`` / ``--platform`` / ``--abi`` options, so a pin without a wheel (or an sdist) for
-that interpreter, or whose ``Requires-Python`` excludes it, is reported by pip itself. Package metadata comes
+that interpreter, or whose ``Requires-Python`` excludes it, is reported by pip itself; a pin on a yanked release
+(which pip installs with only a warning) is reported too. Package metadata comes
 from the index (PyPI; this machine's pip configuration, such as local wheel folders, is set aside); nothing
 is installed. The torch pin is checked against PyPI's ``torch==2.13.0``: the
 ``+cpu`` build lives on the PyTorch index, which publishes the same versions and Pythons.
@@ -69,6 +70,10 @@ def resolve(python: str, machine: str, timeout: float = 600) -> Resolution:
         done = subprocess.run(command + ["--target", target], capture_output=True, text=True, timeout=timeout,
                               env=_index_only_environment())
     output = done.stdout + done.stderr
+    yanked = re.search(r"a yanked version: '([^']+)' candidate \(version (\S+).*?\nReason for being yanked: (.*)", output)
+    if done.returncode == 0 and yanked:  # pip installs a pinned yanked release with only a warning
+        name, version, reason = yanked.groups()
+        return Resolution(python, machine, False, f"{name}=={version} is yanked: {reason.strip()}")
     if done.returncode == 0:
         return Resolution(python, machine, True)
     if any(sign in output for sign in _UNREACHABLE):
