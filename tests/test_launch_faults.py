@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,8 @@ GLOO_FLAKE = "Gloo connectFullMesh failed with [../third_party/gloo/gloo/transpo
 
 
 def _flaky_group(
-    monkeypatch: pytest.MonkeyPatch, folder: Path, failing_ranks: set[int], times: int = 1, after_connect: bool = False
+    monkeypatch: pytest.MonkeyPatch, folder: Path, failing_ranks: set[int], times: int = 1, after_connect: bool = False,
+    noise: str = "",
 ) -> None:
     """Make creating the process group raise gloo's loopback error on `failing_ranks`, `times` times per rank
     (ranks forked from this process inherit the patch: the tests use start_method="fork"). `after_connect`:
@@ -32,6 +34,8 @@ def _flaky_group(
         with open(folder / f"init.{rank}", "a") as f:
             f.write("x")
         fails = rank in failing_ranks and (folder / f"init.{rank}").stat().st_size <= times
+        if fails and noise:  # what gloo's C++ side logs on stderr before the error reaches Python
+            print(noise, file=sys.stderr, flush=True)
         if fails and not after_connect:
             raise RuntimeError(GLOO_FLAKE)
         real(backend, init_method, rank, world_size, timeout_s)
@@ -72,6 +76,31 @@ def test_every_rank_failing_to_form_the_group_is_retried_and_said(monkeypatch, t
     assert err.count("did not form") == 1, err
     assert "connectFullMesh" in err and f"attempt 2 of {GROUP_ATTEMPTS}" in err
     assert _inits(tmp_path, 0) == 2 and _inits(tmp_path, 1) == 2
+
+
+def test_what_a_rank_printed_while_its_group_failed_to_form_does_not_reach_the_cell(monkeypatch, tmp_path, capsys):
+    # gloo logs a failed connect on the rank's stderr (ProcessGroupGloo.cpp) before it raises; under nbval that
+    # line was an unexpected output of a cell whose launch then succeeded on its second attempt
+    _flaky_group(monkeypatch, tmp_path, failing_ranks={0}, noise="[E ProcessGroupGloo.cpp:67] Gloo connectFullMesh failed")
+    monkeypatch.setenv("COURSE_LAUNCH_NOTICES", str(tmp_path / "notices.log"))
+
+    def warns_then_sums() -> int:
+        import sys
+
+        print("a warning the function itself prints", file=sys.stderr)
+        return _sum_ranks()
+
+    assert launch(warns_then_sums, world_size=2, start_method="fork", timeout=60) == [3, 3]
+    err = capsys.readouterr().err
+    assert "ProcessGroupGloo" not in err, err
+    assert err.count("a warning the function itself prints") == 2  # held back output of the attempt that worked is shown
+
+
+def test_what_a_rank_printed_before_its_group_failed_for_good_is_shown(monkeypatch, tmp_path, capsys):
+    _flaky_group(monkeypatch, tmp_path, failing_ranks={0, 1}, times=100, noise="[E ProcessGroupGloo.cpp:67] the last attempt's log")
+    with pytest.raises(LaunchError):
+        launch(_sum_ranks, world_size=2, start_method="fork", timeout=60)
+    assert "the last attempt's log" in capsys.readouterr().err
 
 
 def test_under_nbval_the_retry_line_goes_to_a_file_not_the_cell(monkeypatch, tmp_path, capsys):

@@ -25,6 +25,12 @@ def result_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"result.{rank}.pkl")
 
 
+def group_marker_path(workdir: str, rank: int) -> str:
+    """A file a rank creates once its process group has formed (or at once, when it makes none): until then
+    the launcher holds back the rank's stderr, which a failed rendezvous that is retried would fill with noise."""
+    return os.path.join(workdir, f"group.{rank}.formed")
+
+
 def output_path(workdir: str, rank: int, stream: str) -> str:
     return os.path.join(workdir, f"{stream}.{rank}.log")
 
@@ -176,6 +182,7 @@ def main(workdir: str, rank: int) -> int:
                 header["world_size"],
                 header["timeout_s"],
             )
+        open(group_marker_path(workdir, rank), "w").close()
         phase = "function"
         value = fn(*args, **kwargs)
         try:

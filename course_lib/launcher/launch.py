@@ -566,11 +566,19 @@ def _signal_session(pid: int, sig: int) -> None:
 
 
 class _OutputPump:
-    """Tails each rank's stdout/stderr files and writes complete lines into this process's streams."""
+    """Tails each rank's stdout/stderr files and writes complete lines into this process's streams.
+
+    A rank's stderr is held back until its process group has formed (``_rank.group_marker_path``): when the
+    rendezvous fails and the launch starts the ranks again, what they printed meanwhile (gloo's C++ log of the
+    failed connect) is dropped with :meth:`settle` instead of reaching the cell as if something were wrong.
+    """
 
     def __init__(self, workdir: str, world_size: int, show: set[int] | None) -> None:
         from course_lib.launcher.progress import ProgressReader
 
+        self.workdir = workdir
+        self.formed: set[int] = set()
+        self.held: dict[int, list[str]] = {rank: [] for rank in range(world_size)}
         self.progress = ProgressReader(workdir)
         self.files = [
             (rank, stream, _rank.output_path(workdir, rank, stream))
@@ -609,11 +617,27 @@ class _OutputPump:
             self._emit(rank, stream, lines)
 
     def _emit(self, rank: int, stream: str, lines: list[str]) -> None:
+        if stream == "err" and rank not in self.formed:
+            if os.path.exists(_rank.group_marker_path(self.workdir, rank)):
+                self.formed.add(rank)
+                lines, self.held[rank] = self.held[rank] + lines, []
+            else:
+                self.held[rank].extend(lines)
+                return
         if not lines or (self.show is not None and rank not in self.show):
             return
         out = sys.stdout if stream == "out" else sys.stderr
         out.write("".join(f"[rank {rank:>{self.width}}] {line}\n" for line in lines))
         out.flush()
+
+    def settle(self, drop: bool = False) -> None:
+        """At the end of a launch: show the stderr still held back (a rank that failed before its group
+        formed), or `drop` it when the launch is about to be started again."""
+        for rank, lines in self.held.items():
+            self.held[rank] = []
+            if lines and not drop:
+                self.formed.add(rank)
+                self._emit(rank, "err", lines)
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -691,7 +715,8 @@ def launch(
                     f.write(body)
                 with _server_lock:
                     try:
-                        return _run(workdir, world_size, float(timeout), start_method, show_ranks, sources)
+                        return _run(workdir, world_size, float(timeout), start_method, show_ranks, sources,
+                                    retry_allowed=init_process_group and attempt < GROUP_ATTEMPTS)
                     except LaunchError as error:
                         if attempt == GROUP_ATTEMPTS or not init_process_group or not group_never_formed(error):
                             raise
@@ -750,6 +775,7 @@ def _run(
     start_method: str,
     show_ranks: Iterable[int] | None,
     sources: dict[str, str],
+    retry_allowed: bool = False,
 ) -> list[Any]:
     show = None if show_ranks is None else set(show_ranks)
     pump = _OutputPump(workdir, world_size, show)
@@ -777,6 +803,7 @@ def _run(
         ranks.terminate(ranks.pids, pump.pump)
         ranks.close()
         pump.pump(final=True)
+        pump.settle()
         raise
     stragglers = ranks.running()
     if stragglers:
@@ -791,6 +818,7 @@ def _run(
             failures.append(_failure(workdir, rank, code, sources))
     _order_failures(failures, workdir)
     if timed_out:
+        pump.settle()
         failures.extend(RankFailure(rank, "timed out") for rank in stragglers)
         raise LaunchError(
             f"launch timed out after {timeout:g} s: rank{'s' if len(stragglers) > 1 else ''} "
@@ -802,12 +830,15 @@ def _run(
     if failures:
         failed = [f for f in failures if f.kind != "timed out"]
         failures.extend(RankFailure(rank, "terminated") for rank in stragglers)
-        raise LaunchError(
+        error = LaunchError(
             f"launch failed: {len(failed)} of {world_size} rank{'s' if world_size > 1 else ''} failed"
             + _terminated_note(stragglers),
             failures,
             results,
         )
+        pump.settle(drop=retry_allowed and group_never_formed(error))
+        raise error
+    pump.settle()
     return results
 
 

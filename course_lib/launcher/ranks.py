@@ -229,6 +229,7 @@ class Ranks:
     def _start(self) -> None:
         """Start the ranks; start them again (fresh rendezvous) when their process group failed to form."""
         for attempt in range(1, GROUP_ATTEMPTS + 1):
+            self._retry_allowed = attempt < GROUP_ATTEMPTS
             try:
                 self._start_once()
                 return
@@ -293,7 +294,9 @@ class Ranks:
                 conn.settimeout(None)
                 hello = _recv(conn)
                 self._conns[int(hello[1])] = conn
-        except BaseException:
+        except BaseException as error:
+            # gloo's log of a failed connect, held back by the pump, is noise when the ranks start again
+            self._drop_held = isinstance(error, _GroupNeverFormed) and getattr(self, "_retry_allowed", False)
             self._stop()
             raise
         self.closed = False
@@ -313,6 +316,8 @@ class Ranks:
                 procs.terminate(procs.pids, self._pump.pump)
             procs.close()  # and whatever the ranks started
             self._pump.pump(final=True)
+            self._pump.settle(drop=getattr(self, "_drop_held", False))
+            self._drop_held = False
         for conn in getattr(self, "_conns", {}).values():
             conn.close()
         self._conns = {}
