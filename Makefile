@@ -13,7 +13,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks test-other-cpu test-browser test-cluster test-gpu labs solutions doctor clean
+.PHONY: setup lab test test-unit test-notebooks test-other-cpu test-browser test-cluster test-container test-gpu labs solutions doctor clean
 
 setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
@@ -47,6 +47,12 @@ test-browser: setup
 # Elsewhere it skips, saying why.
 test-cluster: setup
 	$(PY) -m pytest tests/cluster -rs
+
+# The course's container end to end with podman, on Debian as root (CI): a debootstrap base (made once), the
+# image from Containerfile, JupyterLab answering on the published port, lab 00 with nbval inside it; each
+# phase timed, logs in build/container/. Skips, saying why, where podman cannot be installed.
+test-container:
+	tools/test_container.sh
 
 # Instructors and GPU CI: stop at once without 2 NVIDIA GPUs; else build the CUDA .venv (CUDA=cu126 unless
 # given), run the GPU tests and every solution notebook with COURSE_BACKEND=nccl, and print one table.
