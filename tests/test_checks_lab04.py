@@ -424,3 +424,10 @@ def binned_auc(logits, labels, split):  # 200 thresholds: off in the 5th decimal
 )
 def test_auc_gap_check_rejects_more_wrong_answers(wrong, words):
     rejects(lab04.check_auc_gap, wrong, match=words)
+
+
+def test_pipelineable_pass_line_does_not_claim_where_the_dense_work_is(capsys):
+    # moving the cap into the loader too is right (issue 25): the pass line must not say "the rest stays in forward"
+    lab04.check_pipelineable(plain_dlrm, fold_and_cap)
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "stays in forward" not in out and "may stay in forward or move too" in out

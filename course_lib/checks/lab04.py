@@ -439,6 +439,6 @@ def check_pipelineable(
             )
             fail(f"step {step + 1}: loss {g:.6f}, FoldIdsInForward's loss {w:.6f}", hint)
     passed(
-        f"the EBC is pipelined and {len(got)} losses equal FoldIdsInForward's: the ids are folded in the "
-        "data pipeline, the rest stays in forward"
+        f"the EBC is pipelined and {len(got)} losses equal FoldIdsInForward's: the EBC gets the batch's own ids, "
+        "folded before forward (all the pipeline needs; dense work may stay in forward or move too)"
     )
