@@ -52,7 +52,11 @@ class PlanOutcome:
 
 
 def explain_planner_error(error: Exception, request: PlanRequest) -> str:
-    """The planner's own error, in a few plain words (its numbers, not a traceback)."""
+    """The planner's own error, in a few plain words (its numbers, not a traceback).
+
+    torchrec writes its storage figures with "GB", but they are GiB: ``bytes_to_gb`` in
+    ``torchrec/distributed/planner/utils.py`` divides by 1024**3. The summary says GiB.
+    """
     text = str(error)
     need = re.search(r"Global storage requirement for model parallel: Storage\(hbm = ([\d.]+) GB, ddr = ([\d.]+) GB", text)
     have = re.search(r"Global storage available for model parallel: Storage\(hbm = ([\d.]+) GB, ddr = ([\d.]+) GB", text)
@@ -60,9 +64,9 @@ def explain_planner_error(error: Exception, request: PlanRequest) -> str:
     if "insufficient storage" in text and need and have:
         need_gb = max(float(need.group(1)), float(need.group(2)))
         return (
-            f"The planner cannot fit these tables: they need {need_gb:g} GB, and {request.world_size} ranks with "
-            f"{request.memory_gib:g} GiB of {memory} each leave {float(have.group(1)):g} GB of {memory} "
-            f"(+ {float(have.group(2)):g} GB host memory) for them. Add ranks, give each rank more memory, "
+            f"The planner cannot fit these tables: they need {need_gb:g} GiB, and {request.world_size} ranks with "
+            f"{request.memory_gib:g} GiB of {memory} each leave {float(have.group(1)):g} GiB of {memory} "
+            f"(+ {float(have.group(2)):g} GiB host memory) for them. Add ranks, give each rank more memory, "
             "or relax the constraints."
         )
     if "strict constraints" in text:

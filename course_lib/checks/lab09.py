@@ -86,9 +86,16 @@ COMMS_BUDGET_MS = 5.0  # the busiest rank's estimated communication per step (fo
 
 def plan_estimates(constraints: dict[str, Any] | None, hbm_cap_gib: float = PLAN_HBM_CAP_GIB) -> dict[str, Any]:
     """Plan the production tables on 64 GPUs (8 nodes of 8, `hbm_cap_gib` each) with `constraints`, and read the
-    planner's own estimates of the plan it chose: HBM per rank (GiB; its storage estimate, with optimizer state
-    and buffers) and communication per rank (ms per step, forward + backward), the largest of each, and each
-    table's sharding type and kernel. Raises the planner's ``PlannerError`` when it finds no plan."""
+    planner's own estimates of the plan it chose: HBM per rank (GiB; its storage estimate: weights, a cached
+    kernel's cache and its bookkeeping, input/output buffers) and communication per rank (ms per step, forward +
+    backward), the largest of each, and each table's sharding type and kernel. Raises the planner's
+    ``PlannerError`` when it finds no plan.
+
+    The HBM estimate holds no optimizer state: the planner adds it only for an optimizer recorded on the
+    parameter (``_optimizer_classes``, set by ``apply_optimizer_in_backward``; ``calculate_shard_storages`` and
+    ``_get_optimizer_multipler`` in ``torchrec/distributed/planner/shard_estimators.py``, whose multiplier is 0
+    without one), and these meta tables have none, as with the sharder's ``fused_params``. So HBM_BUDGET_GIB
+    budgets the tables without their optimizer state."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
