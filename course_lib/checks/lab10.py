@@ -147,7 +147,8 @@ def _judge_choice(choice: Any, log: data.DriftingLog, budget_bytes: int, margin:
     if got < exact - margin:
         hint = {
             "modulo": "modulo hashing mixes unrelated ids in every row, whatever the table size",
-            "lfu": "plain LFU never forgets old counts: once the table is full, new ids stay out (section 3)",
+            "lfu": "plain LFU never forgets old counts: once the table is full, a new id gets a row only if one batch "
+                   "brings it more often than the least-counted resident has been seen in all (section 3)",
             "lru": "at this size LRU evicts ids that come back within the day: the table thrashes",
         }.get(policy, "a bigger table within the budget, or a policy that forgets old ids by recency")
         fail(f"{policy} with {rows} rows ({where}): mean AUC {got:.4f} (days {days}), {exact - got:.4f} below the "
