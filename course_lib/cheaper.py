@@ -13,8 +13,9 @@ Adagrad and, optionally, quantized communication (``QCommsConfig``). Each report
 table weights and of optimizer state, the collectives of one traced training step (``course_lib.trace``),
 the time of a step and the test AUC. The serving side goes through
 ``torchrec.inference.modules.quantize_inference_model``: the embedding tables become fbgemm's inference
-kernel (``IntNBitTableBatchedEmbeddingBagsCodegen``), whose rows hold the quantized values, a 4-byte scale
-and bias, and padding to 16 bytes.
+kernel (``IntNBitTableBatchedEmbeddingBagsCodegen``), whose rows hold a 4-byte scale and bias (integer types),
+then the quantized values, then padding to 16 bytes (the unsharded module's row alignment; the sharded
+quantized kernels pad on CUDA only).
 """
 from __future__ import annotations
 
