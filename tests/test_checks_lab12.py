@@ -133,7 +133,10 @@ def _linear(model):
 
 
 @pytest.mark.parametrize("answer, reason", [
-    (lambda m, dp, tp: _total(m) // (dp * tp), "splits everything dp x tp ways"),
+    (lambda m, dp, tp: _total(m) // (dp * tp), "it splits the LayerNorms over tp as well as dp"),
+    # the norms split tp ways on their own line: the same mistake, named the same way
+    (lambda m, dp, tp: _linear(m) // (dp * tp) + (_total(m) - _linear(m)) // (dp * tp),
+     "it splits the LayerNorms over tp as well as dp, as if TP split them like the Linear weights"),
     (lambda m, dp, tp: _linear(m) // (dp * tp), "leaves out the LayerNorms"),
     (lambda m, dp, tp: _total(m) // dp, "ignores tensor parallelism"),
     (lambda m, dp, tp: _linear(m) // tp + (_total(m) - _linear(m)), "ignores FSDP"),
@@ -189,6 +192,13 @@ def ignores_hosts(world, per_host, model, budget):
     return None
 
 
+def at_most_a_host(world, per_host, model, budget):  # tp <= ranks_per_host: tp = 3 on hosts of 4 groups ranks 3, 4, 5
+    for tp in range(1, world + 1):
+        if world % tp == 0 and _heads(model) % tp == 0 and tp <= per_host and lab12.reference_peak(model, world // tp, tp) <= budget:
+            return world // tp, tp
+    return None
+
+
 def ignores_heads(world, per_host, model, budget):
     for tp in range(1, world + 1):
         if world % tp == 0 and tp <= per_host and lab12.reference_peak(model, world // tp, tp) <= budget:
@@ -229,7 +239,8 @@ def under_the_budget(world, per_host, model, budget):  # peak < budget: a budget
 @pytest.mark.parametrize("answer, reason", [
     (peak_with(lambda block, dp, tp: _block_gathered(block, tp)), "with dp = 1 FSDP has nothing to gather"),  # gathers at dp 1
     (under_the_budget, "also fits with less tensor parallelism"),
-    (peak_with(lambda block, dp, tp: _total(block) // tp if dp > 1 else 0), "33,920 bytes per rank, over"),  # norms split tp ways
+    (peak_with(lambda block, dp, tp: _total(block) // tp if dp > 1 else 0),  # the gathered block's norms split tp ways
+     "33,920 bytes per rank, over the budget\nhint: the block FSDP gathers keeps its LayerNorms whole on every tp rank"),
     (lambda w, h, m, b: next(((w // tp, tp) for tp in range(1, h) if w % tp == 0 and _heads(m) % tp == 0  # tp < ranks per host
                                and lab12.reference_peak(m, w // tp, tp) <= b), None), "tp may equal ranks_per_host"),
     (lambda w, h, m, b: None if good_mesh(w, h, m, b) is None else good_mesh(w, h, m, b)[::-1], "in that order"),  # (tp, dp)
@@ -241,6 +252,8 @@ def test_choose_mesh_rejects_new_mistakes(answer, reason):
 @pytest.mark.parametrize("answer, reason", [
     (largest_tp, "less tensor parallelism"),
     (ignores_hosts, "spans hosts"),
+    (at_most_a_host, "(4, 3) for 6 heads, 12 ranks on 3 hosts of 4, 60,000 bytes: tp=3 is no more than a host's 4 ranks, "
+                     "but tp groups take consecutive ranks, so the group 3, 4, 5 spans two hosts"),
     (ignores_heads, "do not split over tp"),
     (resident_only, "over the budget"),
     (lambda w, h, m, b: (w, 1), "over the budget"),  # always pure FSDP

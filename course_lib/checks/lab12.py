@@ -105,8 +105,9 @@ def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         linear = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
         case = f"dp={dp}, tp={tp}, a {len(model.layers)}-layer Tower of {total:,} bytes"
-        if got == total // (dp * tp):
-            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it splits everything dp x tp ways",
+        if got in (total // (dp * tp), linear // (dp * tp) + (total - linear) // (dp * tp)):
+            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it splits the LayerNorms over tp as well as dp, "
+                 "as if TP split them like the Linear weights",
                  "TP splits only the Linear layers; the LayerNorms stay whole on every tp rank (FSDP still shards them over dp)")
         if got == linear // (dp * tp):
             fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it leaves out the LayerNorms",
@@ -139,12 +140,14 @@ def reference_peak(model: nn.Module, dp: int, tp: int) -> int:
 
 
 def reference_mesh(world_size: int, ranks_per_host: int, model: parallel2d.Tower, budget_bytes: int) -> tuple[int, int] | None:
-    """The mesh the lab asks for: the smallest tp (most data parallelism, fewest per-layer all-reduces) that
-    divides the world and the heads and stays inside a host, and whose peak parameter bytes per rank
-    (:func:`reference_peak`) fit the budget; None if none does."""
+    """The mesh the lab asks for: the smallest tp (the least tensor-parallel traffic) that divides the world and
+    the heads and whose groups stay inside a host, and whose peak parameter bytes per rank (:func:`reference_peak`)
+    fit the budget; None if none does. A ``(dp, tp)`` mesh puts consecutive ranks in a tp group and a host holds
+    ``ranks_per_host`` consecutive ranks, so every tp group stays inside a host exactly when tp divides
+    ``ranks_per_host`` (tp = 3 on hosts of 4 makes the group 3, 4, 5, across two hosts)."""
     n_heads = model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
     for tp in range(1, world_size + 1):
-        if world_size % tp or n_heads % tp or tp > ranks_per_host:
+        if world_size % tp or n_heads % tp or ranks_per_host % tp:
             continue
         if reference_peak(model, world_size // tp, tp) <= budget_bytes:
             return (world_size // tp, tp)
@@ -163,6 +166,8 @@ def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
         (8, 4, wide, 90_000, "6 heads, 8 ranks on 2 hosts of 4, 90,000 bytes"),
         (8, 4, wide, 60_000, "6 heads, 8 ranks on 2 hosts of 4, 60,000 bytes"),
         (6, 6, wide, 40_000, "6 heads, 6 ranks on one host, 40,000 bytes"),  # only tp = 6, dp = 1: nothing gathered
+        # tp = 3 fits the budget and is at most a host, but its groups 3, 4, 5 and 6, 7, 8 span hosts: nothing fits
+        (12, 4, wide, 60_000, "6 heads, 12 ranks on 3 hosts of 4, 60,000 bytes"),
     ]
 
 
@@ -199,14 +204,24 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
         if tp > per_host:
             fail(f"choose_mesh returned {got} for {what}: tp={tp} spans hosts ({per_host} ranks per host)",
                  "TP all-reduces twice per block, forward and backward: keep it on the fast links inside a host")
+        if per_host % tp:
+            fail(f"choose_mesh returned {got} for {what}: tp={tp} is no more than a host's {per_host} ranks, but tp groups "
+                 f"take consecutive ranks, so the group {', '.join(map(str, range(per_host - per_host % tp, per_host - per_host % tp + tp)))} "
+                 "spans two hosts", "every tp group stays inside a host only when tp divides ranks_per_host")
         if reference_peak(model, dp, tp) > budget:
+            block = model.layers[0]
+            block_bytes = sum(p.numel() * p.element_size() for p in block.parameters())
+            norms_split = reference_bytes(model, dp, tp) + (block_bytes // tp if dp > 1 else 0) <= budget
             fail(f"choose_mesh returned {got} for {what}: its peak is {reference_peak(model, dp, tp):,} bytes per rank, "
-                 "over the budget", "the peak is what a rank holds plus the block FSDP gathers (section 3)")
+                 "over the budget",
+                 "the block FSDP gathers keeps its LayerNorms whole on every tp rank: only its Linear weights are split "
+                 "tp ways" if norms_split and tp > 1 else
+                 "the peak is what a rank holds plus the block FSDP gathers (section 3)")
         if want is None:
             fail(f"choose_mesh returned {got} for {what}; no mesh fits, so it should return None")
         fail(f"choose_mesh returned {got} for {what}; {want} also fits with less tensor parallelism",
              "prefer the smallest tp that fits: more data parallelism, fewer per-layer all-reduces")
-    passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (6 cases)")
+    passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (7 cases)")
 
 
 # ------------------------------------------------------------------------------------------ exercise 4
