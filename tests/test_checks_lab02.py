@@ -291,11 +291,35 @@ def decides_by_budget(vocab_size, dim, budget_bytes):
     return shared_table(vocab_size, dim, budget_bytes)
 
 
-def test_word_tables_check_accepts_sharing_and_a_budget_aware_choice(capsys):
-    lab02.check_word_tables(shared_table)
-    assert capsys.readouterr().out.startswith("✓")
-    lab02.check_word_tables(decides_by_budget)
-    assert capsys.readouterr().out.startswith("✓")
+def decides_by_remaining_bytes(vocab_size, dim, budget_bytes):  # another right answer, written differently
+    tables = two_tables(vocab_size, dim, budget_bytes)
+    if sum(t.num_embeddings * t.embedding_dim * 4 for t in tables) > budget_bytes:
+        return shared_table(vocab_size, dim, budget_bytes)
+    return tables
+
+
+def test_word_tables_check_accepts_a_budget_aware_choice(capsys):
+    for right in (decides_by_budget, decides_by_remaining_bytes):
+        lab02.check_word_tables(right)
+        assert capsys.readouterr().out.startswith("✓")
+
+
+def by_vocab_size(vocab_size, dim, budget_bytes):  # right on the lab's cases only, by a rule the budget does not set
+    if vocab_size < 10_000:
+        return two_tables(vocab_size, dim, budget_bytes)
+    return shared_table(vocab_size, dim, budget_bytes)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (shared_table, r"word_tables\(1_000, 16, 0.19 MiB\): a training step on word 333 as a query word moved its title vector too"),
+        (by_vocab_size, r"word_tables\(20_000, 32, 6.00 MiB\): .*moved its title vector too.*4.88 MiB\) fits the 6.00 MiB budget"),
+    ],
+)
+def test_word_tables_check_rejects_one_meaning_where_two_fit(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_word_tables(wrong)
 
 
 def halved_rows(vocab_size, dim, budget_bytes):

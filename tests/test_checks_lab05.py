@@ -283,43 +283,58 @@ def test_state_bytes_check_rejects_a_wrong_measurement():
 # ------------------------------------------------------------------------------------------ exercise 4
 
 
-def choose_rowwise():
+def choose_by_budget(budget_fraction):  # the solution: row-wise Adagrad where its state fits, else SGD at a large rate
+    if 1 / 16 <= budget_fraction:
+        return rowwise_adagrad_sharder(0.1)
+    return plain_sgd(50.0)
+
+
+def choose_rowwise(budget_fraction):  # the old exercise's answer, whatever the budget
     return rowwise_adagrad_sharder(0.1)
 
 
-def choose_adagrad():
+def choose_adagrad(budget_fraction):
     return per_element_adagrad(0.1)
 
 
-def choose_default_sgd():
+def choose_default_sgd(budget_fraction):
     return EmbeddingBagCollectionSharder()
 
 
-def choose_sgd_with_a_large_rate():
+def choose_sgd_with_a_large_rate(budget_fraction):
     return plain_sgd(1.0)
 
 
-def choose_fused_adam():
+def choose_by_budget_with_default_sgd(budget_fraction):  # fits every budget, but SGD at fbgemm's rate trains too little
+    if 1 / 16 <= budget_fraction:
+        return rowwise_adagrad_sharder(0.1)
+    return EmbeddingBagCollectionSharder()
+
+
+def choose_fused_adam(budget_fraction):
     return adam_on_cpu(0.01)
 
 
-def choose_a_list():
-    return [choose_rowwise()]
+def choose_a_list(budget_fraction):
+    return [rowwise_adagrad_sharder(0.1)]
 
 
 def test_budget_check_accepts_the_solution(capsys):
-    lab05.check_budget_choice(choose_rowwise)
+    lab05.check_budget_choice(choose_by_budget)
     assert capsys.readouterr().out.startswith("✓")
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (choose_adagrad, "keeps 100% of the table bytes"),
-        (choose_default_sgd, "exact_sgd at lr 0.01 reaches AUC"),
-        (choose_sgd_with_a_large_rate, "exact_sgd at lr 1 reaches AUC"),
+        (choose_rowwise, r"choose_sharder\(1/32\): exact_row_wise_adagrad keeps 6.2% of the table bytes as state on a "
+                         r"rank; the budget is 1/32 \(3.1%\), so this job would not fit its memory"),
+        (choose_adagrad, r"choose_sharder\(1/8\): exact_adagrad keeps 100.0% of the table bytes"),
+        (choose_default_sgd, r"choose_sharder\(1/8\): exact_sgd at lr 0.01 reaches AUC .*ranks clicks measurably worse"),
+        (choose_sgd_with_a_large_rate, r"choose_sharder\(1/8\): exact_sgd at lr 1 reaches AUC"),
+        (choose_by_budget_with_default_sgd, r"choose_sharder\(1/32\): exact_sgd at lr 0.01 reaches AUC"),
         (choose_fused_adam, "raised"),
-        (choose_a_list, "returned a list"),
+        (choose_a_list, r"choose_sharder\(1/8\) returned a list"),
     ],
 )
 def test_budget_check_rejects_wrong_answers(wrong, words):
