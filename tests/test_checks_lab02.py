@@ -322,6 +322,37 @@ def test_word_tables_check_rejects_one_meaning_where_two_fit(wrong, words):
         lab02.check_word_tables(wrong)
 
 
+def by_vocab_up_to_20k(vocab_size, dim, budget_bytes):  # a rule on the vocabulary that the lab's cases cannot tell apart
+    if vocab_size <= 20_000:
+        return two_tables(vocab_size, dim, budget_bytes)
+    return shared_table(vocab_size, dim, budget_bytes)
+
+
+def by_table_size(vocab_size, dim, budget_bytes):  # two tables when one is small, whatever the budget
+    if vocab_size * dim * 4 < 3 * 2**20:
+        return two_tables(vocab_size, dim, budget_bytes)
+    return shared_table(vocab_size, dim, budget_bytes)
+
+
+def shares_the_labs_vocabulary(vocab_size, dim, budget_bytes):  # decides by the budget, except at the lab's sizes
+    if vocab_size >= 50_000 or 2 * vocab_size * dim * 4 > budget_bytes:
+        return shared_table(vocab_size, dim, budget_bytes)
+    return two_tables(vocab_size, dim, budget_bytes)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (by_vocab_up_to_20k, r"word_tables\(20_000, 32, 4.00 MiB\)"),
+        (by_table_size, r"word_tables\(20_000, 32, 4.00 MiB\): 2 tables hold 4.88 MiB, over the 4.00 MiB budget"),
+        (shares_the_labs_vocabulary, r"word_tables\(50_000, 64, 32.00 MiB\): .*moved its title vector too"),
+    ],
+)
+def test_word_tables_check_lets_the_budget_decide(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab02.check_word_tables(wrong)
+
+
 def halved_rows(vocab_size, dim, budget_bytes):
     return [
         EmbeddingBagConfig(name=f"t_{f}", num_embeddings=vocab_size // 2, embedding_dim=dim, feature_names=[f])

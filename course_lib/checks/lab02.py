@@ -283,7 +283,10 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
 
 WORD_FEATURES = ("query", "title")
 # (vocab_size, dim, budget_bytes): the lab's case first, then fresh ones; in the last, two tables fit too.
-WORD_CASES = [(50_000, 64, 16 * 2**20), (30_000, 32, 4 * 2**20), (1_000, 16, 200_000), (20_000, 32, 6 * 2**20)]
+# the budget decides, not the size: the same 20,000 x 32 tables must share under 4 MiB and split under 6 MiB, and the
+# lab's 50,000 x 64 tables must split under 32 MiB (a rule on the vocabulary or the table size alone fails one of them)
+WORD_CASES = [(50_000, 64, 16 * 2**20), (30_000, 32, 4 * 2**20), (1_000, 16, 200_000), (20_000, 32, 6 * 2**20),
+              (20_000, 32, 4 * 2**20), (50_000, 64, 32 * 2**20)]
 
 
 def _mib(n: float) -> str:
@@ -380,5 +383,5 @@ def check_word_tables(word_tables: Callable[..., Any]) -> None:
                 )
     passed(
         "word_tables gives every word its own row, each feature its own slot, within the budget, and each feature "
-        f"its own meaning wherever the budget has room, for {len(WORD_CASES)} vocabularies"
+        f"its own meaning wherever the budget has room, in {len(WORD_CASES)} cases of vocabulary and budget"
     )
