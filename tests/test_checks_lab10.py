@@ -282,3 +282,27 @@ def _sim(a, b):
 ])
 def test_info_nce_rejects(answer, reason):
     rejects(lab10.check_info_nce, answer, match=reason)
+
+
+# ------------------------------------------------------------ answers that change what they were handed (issue 25)
+
+
+def fraction_sorting_in_place(ids, rows):  # the right fraction, but the caller's ids and rows are now reordered
+    order = torch.argsort(ids)
+    ids[:] = ids[order].clone()
+    rows[:] = rows[order].clone()
+    return good_fraction(ids, rows)
+
+
+def shard_of_dividing_in_place(ids, input_hash_size, world_size):  # the right owners, written over the caller's ids
+    ids //= -(-input_hash_size // world_size)
+    return ids
+
+
+@pytest.mark.parametrize("check, answer, name", [
+    (lab10.check_shared_row_fraction, fraction_sorting_in_place, "shared_row_fraction"),
+    (lab10.check_shard_of, shard_of_dividing_in_place, "shard_of"),
+])
+def test_answers_that_change_their_input_are_rejected(check, answer, name):
+    message = rejects(check, answer, match=f"{name} changed its argument 1 (a torch.int64 tensor")
+    assert "work on a copy" in message

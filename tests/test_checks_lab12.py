@@ -303,3 +303,11 @@ def test_sampled_softmax_passes_the_solution(capsys):
 ])
 def test_sampled_softmax_rejects(answer, reason):
     rejects(lab12.check_sampled_softmax, answer, match=reason)
+
+
+def test_sampled_softmax_that_shifts_the_callers_log_q_is_rejected():
+    def shifting_in_place(q, c, log_q, t):  # the right loss, but the caller's log_q now holds log_q * t
+        log_q.mul_(t)
+        return F.cross_entropy((_cos(q, c) - log_q[None, :]) / t, torch.arange(len(q)))
+
+    rejects(lab12.check_sampled_softmax, shifting_in_place, match="sampled_softmax changed its argument 3")

@@ -10,7 +10,7 @@ import torch
 from torchrec import KeyedJaggedTensor
 
 from course_lib import collisions, data
-from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten, same_gradients
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, one_line, passed, raise_if_unwritten, same_gradients
 
 # ------------------------------------------------------------------------------------------ exercise 1
 
@@ -57,7 +57,9 @@ def check_shared_row_fraction(shared_row_fraction: Callable[[torch.Tensor, torch
     answers = []
     for what, ids, rows in cases:
         try:
-            answers.append(float(shared_row_fraction(ids.clone(), rows.clone())))
+            answers.append(float(checked_call("shared_row_fraction", shared_row_fraction, ids.clone(), rows.clone())))
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"shared_row_fraction raised {one_line(error)} on the case '{what}'",
@@ -309,7 +311,9 @@ def check_shard_of(shard_of_answer: Callable[[torch.Tensor, int, int], Any]) -> 
     for ids, hash_size, world in _shard_cases():
         want = shard_of(ids, hash_size, world)
         try:
-            got = torch.as_tensor(shard_of_answer(ids.clone(), hash_size, world))
+            got = torch.as_tensor(checked_call("shard_of", shard_of_answer, ids.clone(), hash_size, world))
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"shard_of raised {one_line(error)} (input_hash_size={hash_size}, world_size={world})")

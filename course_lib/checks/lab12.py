@@ -6,7 +6,17 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from course_lib import parallel2d
-from course_lib.checks import exercise, fail, launch_quietly, one_line, passed, raise_if_unwritten, same_gradients
+from course_lib.checks import (
+    CheckFailed,
+    checked_call,
+    exercise,
+    fail,
+    launch_quietly,
+    one_line,
+    passed,
+    raise_if_unwritten,
+    same_gradients,
+)
 
 # Where each Linear's weight must be split over the tp mesh dimension: column-wise layers split their
 # output features (weight dim 0), row-wise layers their input features (weight dim 1).
@@ -265,7 +275,9 @@ def check_sampled_softmax(sampled_softmax: Callable[..., Any]) -> None:
         log_q = torch.log(torch.softmax(torch.randn(len(q), generator=g) * 2, 0))
         qi, ci = q.clone().requires_grad_(), c.clone().requires_grad_()
         try:
-            got = sampled_softmax(qi, ci, log_q.clone(), t)
+            got = checked_call("sampled_softmax", sampled_softmax, qi, ci, log_q.clone(), t)
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"sampled_softmax raised {one_line(error)} on a batch of {len(q)}")
