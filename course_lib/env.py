@@ -333,7 +333,9 @@ def _stack_install(facts: EnvFacts) -> str:
         first = (f"pip install --index-url https://download.pytorch.org/whl/{_cuda_tag(facts)} "
                  f"--extra-index-url https://pypi.org/simple torch=={PINNED_TORCH} fbgemm-gpu=={PINNED_FBGEMM}")
     else:
-        first = f"pip install torch=={PINNED_TORCH} fbgemm-gpu-cpu=={PINNED_FBGEMM}"
+        # PyPI's Linux torch is the CUDA build: the CPU build lives on the PyTorch CPU index (macOS wheels too)
+        first = (f"pip install --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple "
+                 f"torch=={PINNED_TORCH} fbgemm-gpu-cpu=={PINNED_FBGEMM}")
     return f"{first} && pip install --no-deps torchrec=={PINNED_TORCHREC}"
 
 

@@ -280,3 +280,141 @@ def test_the_fresh_machines_are_broken_and_the_solution_repairs_them():
         assert lab00.doctor(backend=backend, world_size=world_size, facts=facts).problems
         fixed = lab00.after_install(facts, install_plan(facts))
         assert not [p for p in lab00.doctor(backend=backend, world_size=world_size, facts=fixed).problems if p.code != "python-version"]
+
+
+# ------------------------------------------------ issue 25: machines a doctor could report, every argument used
+
+
+def every_case():
+    """Every EnvFacts the lab's checks show or hand to a learner's function, by name."""
+    cases = {"healthy laptop": lab00.HEALTHY_LAPTOP, "GPU node": lab00.GPU_NODE}
+    cases |= {f"report {label}": report.facts for label, report in lab00.broken_reports().items()}
+    cases |= {**lab00.broken_machines(), **lab00._fresh_machines()}
+    return cases
+
+
+PLANS = {
+    "solution": install_plan,
+    "cpu everywhere": lambda facts: {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"},
+    "cuda everywhere": lambda facts: {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"},
+    "both fbgemm": lambda facts: {**install_plan(facts), "fbgemm-gpu": "1.8.0", "fbgemm-gpu-cpu": "1.8.0"},
+    "no torch": lambda facts: {k: v for k, v in install_plan(facts).items() if k != "torch"},
+    "no fbgemm": lambda facts: {k: v for k, v in install_plan(facts).items() if not k.startswith("fbgemm")},
+    "no torchrec": lambda facts: {k: v for k, v in install_plan(facts).items() if k != "torchrec"},
+    "old torch": lambda facts: {**install_plan(facts), "torch": "2.12.0+cpu"},
+    "newest torchrec": lambda facts: {**install_plan(facts), "torchrec": "1.9.0"},
+    "nothing": lambda facts: {},
+}
+
+
+@pytest.mark.parametrize("label", list(every_case()))
+def test_every_machine_the_checks_use_is_one_the_doctor_could_report(label):
+    assert lab00.impossible(every_case()[label]) == []
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_after_install_gives_machines_the_doctor_could_report(plan):
+    for facts in every_case().values():
+        assert lab00.impossible(lab00.after_install(facts, PLANS[plan](facts))) == []
+
+
+def test_this_machine_obeys_the_rules():  # the rules are collect_facts's: the real probe passes them
+    from course_lib.env import collect_facts
+
+    assert lab00.impossible(collect_facts()) == []
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(torch_cuda="12.6"), "CPU build"),  # a +cpu wheel that reports CUDA
+        (dict(gpu_count=2), "gpu_count=2"),  # GPUs counted with CUDA unavailable
+        (dict(torchmetrics_version=None), "torchrec.metrics probe"),  # the old HEALTHY_LAPTOP
+        (dict(fbgemm_import_error=lab00.LOAD_ERROR), "fails when `import fbgemm_gpu` fails"),  # the old report A
+        (dict(torchrec_version=None), "torchrec is not installed"),
+        (dict(torch_version=None), "torch is not installed"),
+        (dict(fbgemm_gpu_cpu_version=None), "no fbgemm distribution"),
+        (dict(fbgemm_import_error="undefined symbol"), "ExceptionType: message"),
+    ],
+)
+def test_impossible_machines_are_named(changes, words):
+    from dataclasses import replace
+
+    assert any(words in why for why in lab00.impossible(replace(lab00.HEALTHY_LAPTOP, **changes)))
+    with pytest.raises(AssertionError, match="no doctor would report"):
+        lab00._machine(lab00.HEALTHY_LAPTOP, **changes)
+
+
+def test_a_cuda_torch_without_gpus_still_has_nccl():  # what lets machine G tell NCCL from GPUs
+    from dataclasses import replace
+
+    g = next(f for label, f in lab00._fresh_machines().items() if label.startswith("G"))
+    assert g.nccl_available and g.gpu_count == 0
+    assert lab00.impossible(replace(g, gpu_count=1)) != []
+
+
+def _cuda_pair():
+    return {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
+
+
+def _cpu_pair():
+    return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
+
+
+def install_by_core_count(facts):  # a GPU node has many cores, a laptop few
+    return _cuda_pair() if facts.cpu_count > 8 else _cpu_pair()
+
+
+def install_by_many_cores(facts):
+    return _cuda_pair() if facts.cpu_count >= 32 else _cpu_pair()
+
+
+def install_by_nccl(facts):  # NCCL available: a GPU node
+    return _cuda_pair() if facts.nccl_available else _cpu_pair()
+
+
+def install_by_cuda_fbgemm(facts):  # the CUDA fbgemm is there: a GPU node
+    return _cuda_pair() if facts.fbgemm_gpu_version else _cpu_pair()
+
+
+def install_by_cuda_available(facts):  # a right answer: CUDA available means GPUs, on any machine the doctor sees
+    return _cuda_pair() if facts.cuda_available else _cpu_pair()
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (install_by_core_count, "(?s)machine G .*installs a CUDA build"),
+        (install_by_many_cores, "(?s)machine H .*GPU node needs a CUDA build"),
+        (install_by_nccl, "(?s)machine G .*installs a CUDA build"),
+        (install_by_cuda_fbgemm, "(?s)machine A .*installs a CUDA build"),
+    ],
+)
+def test_install_plan_check_rejects_answers_that_read_another_field(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab00.check_install_plan(wrong)
+
+
+def test_install_plan_check_accepts_cuda_available(capsys):
+    lab00.check_install_plan(install_by_cuda_available)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def clears_the_gpus_it_has_read(facts):  # decides, then "tidies" the facts it was handed
+    plan = install_plan(facts)
+    object.__setattr__(facts, "gpu_count", 0)
+    return plan
+
+
+def test_install_plan_check_rejects_an_answer_that_changes_the_facts():
+    rejects(lab00.check_install_plan, clears_the_gpus_it_has_read, match="install_plan changed its argument 1")
+
+
+def test_the_check_hands_each_machine_unchanged_to_the_next_call():
+    seen = []
+    lab00.check_install_plan(lambda facts: seen.append(facts) or install_plan(facts))
+    assert all(lab00.impossible(f) == [] for f in seen) and len(seen) == 7
+
+
+def test_install_plan_check_rejects_versions_that_are_not_strings():
+    rejects(lab00.check_install_plan, lambda facts: {**install_plan(facts), "torchrec": 1.8}, match="not strings")

@@ -229,6 +229,8 @@ def test_version_lockstep(healthy: EnvFacts, changes: dict, culprit: str) -> Non
     p = only(diagnose(dataclasses.replace(healthy, **changes)), "version-lockstep")
     assert culprit in p.summary
     assert "torch==2.13.0" in p.fix and "fbgemm-gpu-cpu==1.8.0" in p.fix
+    # PyPI's Linux torch==2.13.0 is the CUDA build: a CPU machine's fix must name the CPU index
+    assert "--index-url https://download.pytorch.org/whl/cpu" in p.fix
     assert "pip install --no-deps torchrec==1.8.0" in p.fix
     if "fbgemm_import_error" in changes:
         assert "why `import fbgemm_gpu` fails" in p.summary

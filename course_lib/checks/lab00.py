@@ -1,16 +1,94 @@
 """Checks for 00_setup: read a broken install report, decide what to install on a machine (the check installs
-it in simulation and re-runs the doctor), and run a first process group."""
+it in simulation and re-runs the doctor), and run a first process group.
+
+Every machine below is an :class:`EnvFacts` that the course's own probe, :func:`course_lib.env.collect_facts`,
+could return on some machine: :func:`impossible` lists the rules that probe obeys, and :func:`_machine` builds
+each case through it (a doctor report of a machine no doctor would see teaches the wrong reading)."""
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import exercise, fail, passed
-from course_lib.env import PINNED_TORCH, EnvFacts, Report, _major_minor, _torch_for, doctor
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, passed
+from course_lib.env import PINNED_TORCH, PINNED_TORCHMETRICS, PINNED_TORCHREC, EnvFacts, Report, _major_minor, _torch_for, doctor
 
-# A healthy CPU laptop with the course's pins, from which the broken states below are derived.
-HEALTHY_LAPTOP = EnvFacts(
+# What collect_facts records for an import that fails: "ExceptionType: message" (course_lib.env._import_error).
+_ERROR = re.compile(r"^[A-Za-z_][\w.]*: \S")
+# A torch, fbgemm_gpu or torchrec import that fails because a shared library does not load. torch's
+# `torch.ops.load_library` raises OSError(f"Could not load this library: {path}") whatever the loader said (an
+# undefined symbol, a missing libcudart), and fbgemm_gpu loads fbgemm_gpu_config.so first; `import torchrec`
+# imports fbgemm_gpu, so it fails with the same error (measured with an fbgemm_gpu that raises on import).
+LOAD_ERROR = "OSError: Could not load this library: .../site-packages/fbgemm_gpu/fbgemm_gpu_config.so"
+# The NCCL a CUDA build of torch bundles (torch.cuda.nccl.version() reads it from the build, GPUs or not).
+TORCH_NCCL = "2.27.5"
+
+
+def _missing(module: str) -> str:
+    return f"ModuleNotFoundError: No module named '{module}'"
+
+
+def impossible(facts: EnvFacts) -> list[str]:
+    """Why `collect_facts` could not have returned `facts` on any machine (empty when it could): the rules its
+    probing obeys. A CPU build of torch has ``torch.version.cuda = None``, no NCCL and no GPUs;
+    ``torch.cuda.device_count()`` is only read when ``is_available()``; a package that is not installed fails
+    to import with ModuleNotFoundError; fbgemm_gpu and torchrec import torch, and torchrec imports fbgemm_gpu, so
+    their imports fail when those fail; torchrec.metrics is only probed when torchrec imports."""
+    f = facts
+    why: list[str] = []
+    for name, error in (("torch", f.torch_import_error), ("fbgemm_gpu", f.fbgemm_import_error),
+                        ("torchrec", f.torchrec_import_error), ("torchrec.metrics", f.rec_metrics_error)):
+        if error is not None and not _ERROR.match(error):
+            why.append(f"{name}'s import error {error!r} is not 'ExceptionType: message'")
+    if f.torch_version is None and f.torch_import_error != _missing("torch"):
+        why.append("torch is not installed, so `import torch` fails with ModuleNotFoundError")
+    if f.torch_import_error is not None:
+        if f.torch_cuda is not None or f.cuda_available or f.gpu_count or f.nccl_available or f.nccl_version:
+            why.append("`import torch` fails, so nothing about CUDA, GPUs or NCCL can be read")
+        if f.fbgemm_import_error is None or f.torchrec_import_error is None:
+            why.append("`import torch` fails, so fbgemm_gpu and torchrec (which import torch) fail too")
+    tag = (f.torch_version or "").partition("+")[2]
+    if f.torch_import_error is None and tag == "cpu" and f.torch_cuda is not None:
+        why.append(f"torch {f.torch_version} is a CPU build: torch.version.cuda is None, not {f.torch_cuda!r}")
+    if f.torch_import_error is None and re.fullmatch(r"cu\d\d\d+", tag) and f.torch_cuda != f"{tag[2:-1]}.{tag[-1]}":
+        why.append(f"torch {f.torch_version} is a CUDA {tag[2:-1]}.{tag[-1]} build, not torch_cuda={f.torch_cuda!r}")
+    if f.torch_cuda is None and (f.cuda_available or f.gpu_count or f.nccl_available):
+        why.append("a CPU build of torch sees no CUDA GPU and has no NCCL")
+    if f.cuda_available != (f.gpu_count > 0) or f.gpu_count < 0:
+        why.append(f"cuda_available={f.cuda_available} with gpu_count={f.gpu_count}: the count is read only when "
+                   "CUDA is available, and CUDA is available only with a GPU")
+    if f.nccl_version is not None and not f.nccl_available:
+        why.append("an NCCL version is only read when NCCL is available")
+    if f.fbgemm_gpu_version is None and f.fbgemm_gpu_cpu_version is None and f.fbgemm_import_error is None:
+        why.append("no fbgemm distribution is installed, so `import fbgemm_gpu` fails")
+    if f.torchrec_version is None:
+        if f.torchrec_import_error != _missing("torchrec"):
+            why.append("torchrec is not installed, so `import torchrec` fails with ModuleNotFoundError")
+        if f.torchmetrics_wanted is not None:
+            why.append("torchmetrics_wanted is read from torchrec's metadata: no torchrec, no pin")
+    elif f.fbgemm_import_error is not None and f.torchrec_import_error is None:
+        why.append("`import torchrec` imports fbgemm_gpu, so it fails when `import fbgemm_gpu` fails")
+    if f.torchrec_import_error is not None and f.rec_metrics_error is not None:
+        why.append("torchrec.metrics is only probed when `import torchrec` works")
+    if f.torchrec_import_error is None and f.torchmetrics_version is None and f.rec_metrics_error is None:
+        why.append("torchrec imports but torchmetrics is not installed: the torchrec.metrics probe fails")
+    if not re.fullmatch(r"\d+\.\d+\.\d+\w*", f.python_version) or (f.cpu_count is not None and f.cpu_count < 1):
+        why.append("python_version and cpu_count come from platform.python_version() and os.cpu_count()")
+    return why
+
+
+def _machine(base: EnvFacts, **changes: Any) -> EnvFacts:
+    """`base` with `changes`: a machine the doctor could see (AssertionError otherwise)."""
+    facts = replace(base, **changes)
+    problems = impossible(facts)
+    assert not problems, f"no doctor would report this machine: {problems}"
+    return facts
+
+
+# A healthy CPU laptop with the course's pins (what collect_facts reports on the course's own laptop), from which
+# the broken states below are derived.
+HEALTHY_LAPTOP = _machine(EnvFacts(
     python_version="3.11.7",
     torch_version="2.13.0+cpu",
     torchrec_version="1.8.0",
@@ -25,12 +103,14 @@ HEALTHY_LAPTOP = EnvFacts(
     nccl_available=False,
     nccl_version=None,
     cpu_count=2,
-)
+    torchmetrics_version=PINNED_TORCHMETRICS,
+    torchmetrics_wanted=PINNED_TORCHMETRICS,
+))
 
 FIXES: dict[int, str] = {
     1: "pip install torchrec==1.8.0   (reinstall torchrec the usual way)",
     2: "pip uninstall -y fbgemm-gpu && pip install fbgemm-gpu-cpu==1.8.0, then torchrec with --no-deps",
-    3: "pip install torch==2.13.0   (the torch release that torchrec 1.8 is built against)",
+    3: "pip install torch==2.13.0 from the PyTorch CPU index   (the torch release that fbgemm 1.8 and torchrec 1.8 pair with)",
     4: "install the NVIDIA driver and CUDA 12.6",
     5: "launch(..., backend='gloo')   (or backend='auto')",
     6: "pip install --upgrade torchrec   (the newest torchrec)",
@@ -46,16 +126,12 @@ _HINTS = {
 
 def broken_reports() -> dict[str, Report]:
     """Three doctor() reports of broken setups, simulated from a healthy laptop."""
-    cuda_fbgemm = replace(
-        HEALTHY_LAPTOP,
-        fbgemm_gpu_version="1.8.0",
-        fbgemm_gpu_cpu_version=None,
-        fbgemm_import_error="OSError: Could not load this library: .../site-packages/fbgemm_gpu/fbgemm_gpu_config.so",
+    cuda_fbgemm = _machine(
+        HEALTHY_LAPTOP, fbgemm_gpu_version="1.8.0", fbgemm_gpu_cpu_version=None,
+        fbgemm_import_error=LOAD_ERROR, torchrec_import_error=LOAD_ERROR,
     )
-    old_torch = replace(
-        HEALTHY_LAPTOP,
-        torch_version="2.12.0+cpu",
-        fbgemm_import_error="OSError: .../fbgemm_gpu/fbgemm_gpu_py.so: undefined symbol: _ZN3c1017RegisterOperators",
+    old_torch = _machine(
+        HEALTHY_LAPTOP, torch_version="2.12.0+cpu", fbgemm_import_error=LOAD_ERROR, torchrec_import_error=LOAD_ERROR,
     )
     return {
         "A": doctor(facts=cuda_fbgemm),
@@ -85,7 +161,7 @@ def check_fixes(answers: Mapping[str, int]) -> None:
 
 # ------------------------------------------------------------------------- exercise 2: fix and re-run
 
-GPU_NODE = replace(
+GPU_NODE = _machine(
     HEALTHY_LAPTOP,
     torch_version="2.13.0+cu126",
     torch_cuda="12.6",
@@ -94,7 +170,7 @@ GPU_NODE = replace(
     cuda_available=True,
     gpu_count=8,
     nccl_available=True,
-    nccl_version="2.27.5",
+    nccl_version=TORCH_NCCL,
     cpu_count=96,
 )
 PACKAGES = ("torch", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec")
@@ -106,31 +182,28 @@ def broken_machines() -> dict[str, EnvFacts]:
     return {
         "A (laptop)": reports["A"].facts,
         "B (laptop)": reports["B"].facts,
-        "D (laptop, newest torchrec)": replace(
-            HEALTHY_LAPTOP, torchrec_version="1.9.0",
-            torchrec_import_error="ImportError: .../torchrec/distributed/comm_ops.py: undefined symbol",
-        ),
-        "E (GPU node, CPU fbgemm)": replace(GPU_NODE, fbgemm_gpu_version=None, fbgemm_gpu_cpu_version="1.8.0"),
-        "F (GPU node, old torch)": replace(
-            GPU_NODE, torch_version="2.12.1+cu126",
-            fbgemm_import_error="OSError: .../fbgemm_gpu/fbgemm_gpu_py.so: undefined symbol: _ZN3c1017RegisterOperators",
+        # torchrec is pure Python: a release ahead of its fbgemm may well import; the doctor still flags it
+        "D (laptop, newest torchrec)": _machine(HEALTHY_LAPTOP, torchrec_version="1.9.0"),
+        "E (GPU node, CPU fbgemm)": _machine(GPU_NODE, fbgemm_gpu_version=None, fbgemm_gpu_cpu_version="1.8.0"),
+        "F (GPU node, old torch)": _machine(
+            GPU_NODE, torch_version="2.12.1+cu126", fbgemm_import_error=LOAD_ERROR, torchrec_import_error=LOAD_ERROR,
         ),
     }
 
 
 def _fresh_machines() -> dict[str, EnvFacts]:
     """Two more broken machines the check repairs after :func:`broken_machines`, not shown in the lab: a plan
-    must follow from the facts (GPUs or none), not from the torch build a machine happens to have, nor from
-    the lab's 8-GPU nodes."""
+    must follow from the facts (GPUs or none), not from the torch build a machine happens to have (G's CUDA
+    torch has NCCL but sees no GPU), nor from the lab's 8-GPU nodes, nor from the core count (G, a laptop, has
+    more cores than H, a GPU node)."""
     return {
-        "G (laptop with the CUDA torch a plain `pip install torch` brings, newest torchrec; not in the lab's list)": replace(
+        "G (laptop with the CUDA torch a plain `pip install torch` brings, newest torchrec; not in the lab's list)": _machine(
             HEALTHY_LAPTOP, torch_version="2.13.0+cu126", torch_cuda="12.6", fbgemm_gpu_version="1.8.0",
-            fbgemm_gpu_cpu_version=None, torchrec_version="1.9.0",
-            torchrec_import_error="ImportError: .../torchrec/distributed/comm_ops.py: undefined symbol",
+            fbgemm_gpu_cpu_version=None, torchrec_version="1.9.0", nccl_available=True, nccl_version=TORCH_NCCL,
+            cpu_count=16,
         ),
-        "H (GPU node with 4 GPUs, old torchrec; not in the lab's list)": replace(
-            GPU_NODE, gpu_count=4, torchrec_version="1.7.0",
-            torchrec_import_error="ImportError: .../torchrec/distributed/comm_ops.py: undefined symbol",
+        "H (GPU node with 4 GPUs, old torchrec; not in the lab's list)": _machine(
+            GPU_NODE, gpu_count=4, torchrec_version="1.7.0", cpu_count=12,
         ),
     }
 
@@ -143,36 +216,59 @@ def _backend_for(facts: EnvFacts) -> tuple[str, int]:
 def after_install(facts: EnvFacts, installed: Mapping[str, str]) -> EnvFacts:
     """The machine `facts` after ``pip`` leaves exactly the packages `installed` ({distribution: version}) of
     the four (``torch``, ``fbgemm-gpu``, ``fbgemm-gpu-cpu``, ``torchrec``) installed: its hardware (GPUs) stays,
-    the imports that would fail fail. A torch version names its build: ``2.13.0+cpu`` or ``2.13.0+cu126``."""
+    the imports that would fail fail, and the result is a machine the doctor could see (:func:`impossible`).
+    A torch version names its build: ``2.13.0+cpu`` or ``2.13.0+cu126``. `facts` must come from a CUDA torch
+    where the machine has GPUs (a CPU torch sees none): true of every machine in this lab."""
     torch_version = installed.get("torch")
     tag = torch_version.partition("+")[2] if torch_version else ""
-    cuda_build = tag.startswith("cu") and len(tag) >= 4
+    cuda_build = re.fullmatch(r"cu\d\d\d+", tag) is not None
     torch_cuda = f"{tag[2:-1]}.{tag[-1]}" if cuda_build else None
+    torch_error = None if torch_version else _missing("torch")
     gpus = facts.gpu_count if cuda_build else 0
     fbgemm_cuda, fbgemm_cpu, torchrec = installed.get("fbgemm-gpu"), installed.get("fbgemm-gpu-cpu"), installed.get("torchrec")
     fbgemm = fbgemm_cuda if (fbgemm_cuda and cuda_build) or not fbgemm_cpu else fbgemm_cpu
-    fbgemm_error = None
-    if fbgemm_cuda and not cuda_build and not fbgemm_cpu:
-        fbgemm_error = "OSError: Could not load this library: .../site-packages/fbgemm_gpu/fbgemm_gpu_config.so"
-    elif fbgemm and _major_minor(fbgemm) and _torch_for(_major_minor(fbgemm)) != _major_minor(torch_version):
-        fbgemm_error = "OSError: .../fbgemm_gpu/fbgemm_gpu_py.so: undefined symbol: _ZN3c1017RegisterOperators"
-    torchrec_error = None
-    if torchrec and (fbgemm_error or not fbgemm or _major_minor(torchrec) != _major_minor(fbgemm)):
+    if torch_error:
+        fbgemm_error = torch_error  # fbgemm_gpu imports torch first
+    elif not fbgemm:
+        fbgemm_error = _missing("fbgemm_gpu")
+    elif fbgemm_cuda and not cuda_build and not fbgemm_cpu:
+        fbgemm_error = LOAD_ERROR
+    elif _major_minor(fbgemm) and _torch_for(_major_minor(fbgemm)) != _major_minor(torch_version):
+        fbgemm_error = LOAD_ERROR
+    else:
+        fbgemm_error = None
+    if not torchrec:
+        torchrec_error = _missing("torchrec")
+    elif fbgemm_error:
+        torchrec_error = fbgemm_error  # torchrec imports fbgemm_gpu: the same error
+    elif _major_minor(torchrec) != _major_minor(fbgemm):
         torchrec_error = "ImportError: torchrec cannot load fbgemm_gpu's operators"
-    return replace(
+    else:
+        torchrec_error = None
+    if torchrec_error:
+        metrics_error = None  # not probed
+    elif not facts.torchmetrics_version:
+        metrics_error = _missing("torchmetrics")
+    else:
+        metrics_error = facts.rec_metrics_error
+    nccl = cuda_build and not torch_error
+    return _machine(
         facts,
         torch_version=torch_version,
-        torch_cuda=torch_cuda,
+        torch_cuda=torch_cuda if not torch_error else None,
         fbgemm_gpu_version=fbgemm_cuda,
         fbgemm_gpu_cpu_version=fbgemm_cpu,
         torchrec_version=torchrec,
         fbgemm_import_error=fbgemm_error,
         torchrec_import_error=torchrec_error,
-        torch_import_error=None,
-        cuda_available=gpus > 0,
-        gpu_count=gpus,
-        nccl_available=cuda_build,
-        nccl_version=facts.nccl_version if cuda_build else None,
+        torch_import_error=torch_error,
+        cuda_available=gpus > 0 and not torch_error,
+        gpu_count=gpus if not torch_error else 0,
+        nccl_available=nccl,
+        nccl_version=TORCH_NCCL if nccl else None,
+        # torchrec's metadata pin (torchmetrics==X): known for the course's torchrec; none read for others
+        torchmetrics_wanted=PINNED_TORCHMETRICS if torchrec and _major_minor(torchrec) == _major_minor(PINNED_TORCHREC) else None,
+        rec_metrics_error=metrics_error,
     )
 
 
@@ -186,7 +282,9 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
 
     for label, facts in {**broken_machines(), **_fresh_machines()}.items():
         try:
-            plan = install_plan(facts)
+            plan = checked_call("install_plan", install_plan, facts)
+        except CheckFailed:
+            raise
         except Exception as error:  # noqa: BLE001  (the learner's code: report it)
             fail(f"install_plan raised {one_line(error)} for machine {label}")
         if not isinstance(plan, Mapping):
@@ -197,6 +295,12 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
         unknown = [name for name in plan if name not in PACKAGES]
         if unknown:
             fail(f"for machine {label}, install_plan names {unknown}", f"the distributions are {list(PACKAGES)}")
+        not_text = {name: version for name, version in plan.items() if not isinstance(version, str)}
+        if not_text:
+            fail(
+                f"for machine {label}, install_plan gives versions that are not strings: {not_text}",
+                'a version is text, as pip writes it: "1.8.0", not 1.8 (a float would also make 1.10 equal 1.1)',
+            )
         torch_version = plan.get("torch")
         if torch_version is not None and "+" not in str(torch_version):
             fail(
@@ -207,8 +311,8 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
         if facts.gpu_count == 0 and ("+cu" in str(torch_version) or ("fbgemm-gpu" in plan and "fbgemm-gpu-cpu" not in plan)):
             fail(
                 f"for machine {label} (no GPU), install_plan installs a CUDA build: {dict(plan)}",
-                "with no GPU it only adds gigabytes of CUDA libraries (and the CUDA fbgemm-gpu cannot load on a CPU "
-                "torch): a laptop's CPU torch needs fbgemm-gpu-cpu, torch +cpu",
+                "with no GPU its CUDA libraries are a large download that nothing uses (and the CUDA fbgemm-gpu cannot "
+                "load on a CPU torch): a laptop's CPU torch needs fbgemm-gpu-cpu, torch +cpu",
             )
         backend, world_size = _backend_for(facts)
         report = doctor(backend=backend, world_size=world_size, facts=after_install(facts, plan))
