@@ -241,11 +241,11 @@ def memory_scaling(world_sizes: Sequence[int] = (1, 2, 4), **table_sizes: int) -
         rows.append(
             {
                 "ranks": world_size,
-                "tables MB/rank": tables_measured / 1e6,
-                "tables formula MB": table_formula / 1e6,
+                "tables MiB/rank": tables_measured / 2**20,
+                "tables formula MiB": table_formula / 2**20,
                 "tables x formula": tables_measured / table_formula,
-                "FSDP MB/rank": fsdp_measured / 1e6,
-                "FSDP formula MB": fsdp_formula / 1e6,
+                "FSDP MiB/rank": fsdp_measured / 2**20,
+                "FSDP formula MiB": fsdp_formula / 2**20,
                 "FSDP x formula": fsdp_measured / fsdp_formula,
             }
         )

@@ -169,9 +169,11 @@ def zero_bytes(
 
 
 def format_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 kB"``, ``2.8e9`` -> ``"2.8 GB"`` (decimal units, three significant digits)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < (999.5 if unit != "B" else 1000) or unit == "TB":
+    """``1536`` -> ``"1.5 KiB"``, ``3 * 2**30`` -> ``"3 GiB"``: binary units (1 KiB = 1024 bytes), three
+    significant digits, the course's one convention for memory (torch's memory statistics and torchrec's planner
+    count in powers of 1024 too; only link bandwidths are quoted in decimal GB/s)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < (1023.5 if unit != "B" else 1024) or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 999.5 else f"{n:.3g} {unit}"
-        n /= 1000
+        n /= 1024
     raise AssertionError("unreachable")

@@ -62,4 +62,4 @@ def test_memory_scaling_matches_the_formulas():
     assert list(frame.index) == [1, 2]
     assert frame["tables x formula"].tolist() == [1.0, 1.0]
     assert frame["FSDP x formula"].between(0.99, 1.01).all()
-    assert frame.loc[2, "tables MB/rank"] == pytest.approx(frame.loc[1, "tables MB/rank"] / 2)
+    assert frame.loc[2, "tables MiB/rank"] == pytest.approx(frame.loc[1, "tables MiB/rank"] / 2)

@@ -283,3 +283,28 @@ def test_row_wise_check_asks_shard_rows_about_another_table():
         return shard_rows(plan, "item")
 
     rejects(lab03.check_row_wise, row_wise_item_plan, always_item, match="table 'user', but the shards of 'user' have [1024, 1024, 1024, 1024]")
+
+
+# ------------------------------------------------------------------ answers that change the plan they read
+
+
+def sorts_in_place(plan, table):  # the caller's plan now lists its shards in another order
+    shards = plan.plan[""][table].sharding_spec.shards
+    shards.sort(key=lambda shard: shard.shard_offsets[0])
+    return [shard.shard_sizes[0] for shard in shards]
+
+
+def test_row_wise_check_rejects_a_shard_rows_that_sorts_the_plan_in_place():
+    rejects(lab03.check_row_wise, row_wise_item_plan, sorts_in_place,
+            match="shard_rows changed its argument 1 (a ShardingPlan) in place: the caller's plan")
+
+
+def ranks_rewritten_as_hosts(plan, ranks_per_host):  # stores its answer in the plan's own ranks lists
+    for sharding in plan.plan[""].values():
+        sharding.ranks[:] = [rank // ranks_per_host for rank in sharding.ranks]
+    return {name: set(sharding.ranks) for name, sharding in plan.plan[""].items()}
+
+
+def test_steering_check_rejects_a_hosts_of_that_rewrites_the_plan():
+    rejects(lab03.check_steering, SOLUTION, ranks_rewritten_as_hosts,
+            match="hosts_of changed its argument 1 (a ShardingPlan) in place")

@@ -248,6 +248,22 @@ def the_lab_world(num_rows, embedding_dim, world_size, optimizer):  # 2 typed in
     return state_bytes_per_rank(num_rows, embedding_dim, 2, optimizer)
 
 
+def true_division(num_rows, embedding_dim, world_size, optimizer):  # num_rows / world_size: a float
+    per_row = {EmbOptimType.EXACT_SGD: 0, EmbOptimType.EXACT_ADAGRAD: embedding_dim, EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1}
+    return num_rows / world_size * per_row[optimizer] * 4
+
+
+def as_text(num_rows, embedding_dim, world_size, optimizer):  # formatted for printing
+    return f"{state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)}"
+
+
+def test_state_bytes_check_accepts_a_numpy_integer(capsys):
+    import numpy as np
+
+    lab05.check_state_bytes(lambda *args: np.int64(state_bytes_per_rank(*args)), MEASURED, ROWS, DIM, WORLD)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def test_state_bytes_check_accepts_the_solution(capsys):
     lab05.check_state_bytes(state_bytes_per_rank, MEASURED, ROWS, DIM, WORLD)
     assert capsys.readouterr().out.startswith("✓")
@@ -267,6 +283,8 @@ def test_state_bytes_check_accepts_the_solution(capsys):
         (the_measurement_looked_up, "expected"),
         (the_lab_width, "use the embedding_dim argument"),
         (the_lab_world, "use the world_size argument"),
+        (true_division, "returned 0.0, a float: a byte count is a whole number"),
+        (as_text, "returned '0', a str"),
     ],
 )
 def test_state_bytes_check_rejects_wrong_answers(wrong, words):
@@ -317,6 +335,21 @@ def choose_fused_adam(budget_fraction):
 
 def choose_a_list(budget_fraction):
     return [rowwise_adagrad_sharder(0.1)]
+
+
+class DenseKernelSharder(EmbeddingBagCollectionSharder):  # no fused kernel: no fused state to measure
+    def compute_kernels(self, sharding_type, compute_device_type):
+        return ["dense"]
+
+
+def choose_the_dense_kernel(budget_fraction):  # the state moves to the dense optimizer, outside the fused one
+    return DenseKernelSharder()
+
+
+def test_budget_check_rejects_tables_moved_off_the_fused_kernel():
+    with pytest.raises(CheckFailed, match=r"choose_sharder\(1/8\): with your sharder the tables \['t_item', 't_user'\] "
+                                          r"are no longer fused: .* Adam, two fp32 values per element"):
+        lab05.check_budget_choice(choose_the_dense_kernel)
 
 
 def test_budget_check_accepts_the_solution(capsys):

@@ -173,9 +173,19 @@ def flag_without_value(nnodes, nproc, node_rank, head, port):
     return ["torchrun", "--nnodes", "--nproc-per-node", str(nproc), "-m", "course_lib.run", "course_lib.capstone:train"]
 
 
+def the_labs_job(nnodes, nproc, node_rank, head, port):  # the lab's 2 x 1 job typed in: ignores nnodes and nproc
+    return torchrun_solution(2, 1, node_rank, head, port)
+
+
+def the_labs_port(nnodes, nproc, node_rank, head, port):  # the port of the lab's run typed in
+    return torchrun_solution(nnodes, nproc, node_rank, head, 29411)
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
+        (the_labs_job, "node 0 of 8 \\(8 processes each, head node-a17, port 29400\\): --nnodes says 2"),
+        (the_labs_port, "rendezvous is at node-a17:29411"),
         (world_size_per_node, "that is the world size"),
         (no_node_rank, "its own rank"),
         (script_not_module, "as a module"),
@@ -246,6 +256,11 @@ def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
         (lambda: _every_table("table_row_wise", is_weighted=True), "sets is_weighted"),
         # tables the GPU topology cannot take: the planner drops them, and an empty plan costs 0 GiB and 0 ms
         (lambda: _every_table("row_wise", device_group="cpu"), "places 0 of 20 tables"),
+        # memory bought with time: every row in host memory (0.02 GiB of HBM, 2.5 ms of comms, 32 ms a step) ...
+        (lambda: _every_table(kernel="fused_uvm"), "32.0 ms for the embedding step in all on the busiest rank, over the 8 ms"),
+        # ... or a cache of a tenth of the rows: most lookups miss HBM and read host memory over PCIe
+        (lambda: _every_table(kernel="fused_uvm_caching", load_factor=0.1), "fused_uvm_caching kernel keeps rows in host memory"),
+        (lambda: _every_table("grid_shard", "fused_uvm_caching", 0.5), "9.3 ms for the embedding step in all"),
     ],
 )
 def test_budget_check_rejects_wrong_answers(wrong, words):

@@ -97,8 +97,8 @@ def test_zero_formula_rejects_bad_arguments(kwargs, words):
 
 @pytest.mark.parametrize(
     "n, text",
-    [(0, "0 B"), (999, "999 B"), (1536, "1.54 kB"), (947_712, "948 kB"), (999_600, "1 MB"), (2.8e9, "2.8 GB"),
-     (5e15, "5000 TB")],
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (947_712, "926 KiB"), (1_048_000, "1023 KiB"),
+     (1_048_100, "1 MiB"), (3 * 2**30, "3 GiB"), (5 * 2**50, "5120 TiB")],
 )
 def test_format_bytes(n, text):
     assert memory.format_bytes(n) == text

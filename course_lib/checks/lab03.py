@@ -50,14 +50,20 @@ def _kib(n: float) -> str:
 
 
 def _call(fn: Any, name: str, *args: Any) -> tuple[Any, BaseException | None]:
-    """`fn(*args)` and the error it raised, if any; the second function of an exercise still unwritten fails
+    """`fn(*args)` and the error it raised, if any (failing the check when the call changed an argument it was
+    handed: a plan sorted or rewritten in place); the second function of an exercise still unwritten fails
     the check by its own name (outside the ``except``, so ``@exercise`` does not name the first function)."""
-    from course_lib.checks import _unwritten
+    from course_lib.checks import INPUT_CHANGED_HINT, InputChanged, _unwritten, call_unchanged
 
     try:
-        return fn(*args), None
+        return call_unchanged(name, fn, *args), None
+    except InputChanged as changed:  # e.g. shards.sort(...) on the caller's plan
+        caught = changed
     except Exception as error:  # noqa: BLE001  (the learner's code: report it)
         caught = error
+    if isinstance(caught, InputChanged):
+        fail(f"{caught}: the caller's plan, the one DMP would shard the model by, is no longer the plan the "
+             "planner made", INPUT_CHANGED_HINT + "; sorted(shards, key=...) makes a new list")
     if _unwritten(caught):
         fail(f"{name} is not written yet", "replace `raise NotImplementedError()` with your code, then run this cell again")
     return None, caught

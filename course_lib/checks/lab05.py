@@ -287,6 +287,13 @@ def _state_bytes(num_rows: int, embedding_dim: int, world_size: int, optimizer: 
     return rows * per_row * 4
 
 
+def _is_int(value: Any) -> bool:
+    """An integer (Python's or NumPy's), not a bool, a float or a string."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 _PROBE = (30_000, 32, 3)  # sizes where the usual mistakes give different numbers: the diagnosis runs here
 
 
@@ -357,10 +364,18 @@ def check_state_bytes(
     cases += [(r, d, w, o, None) for r, d, w in _EXTRA_CASES for o in optimizer_types]
     for rows, dim, ranks, optimizer, seen in cases:
         want = _state_bytes(rows, dim, ranks, optimizer)
+        call = f"state_bytes_per_rank({rows:,}, {dim}, {ranks}, {optimizer.name})"
         try:
-            got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
+            answer = state_bytes_per_rank(rows, dim, ranks, optimizer)
         except Exception as error:
-            fail(f"state_bytes_per_rank({rows}, {dim}, {ranks}, {optimizer.name}) raised {one_line(error)}")
+            raise_if_unwritten(error)
+            fail(f"{call} raised {one_line(error)}")
+        if not _is_int(answer):
+            fail(f"{call} returned {answer!r}, a {type(answer).__name__}: a byte count is a whole number, and the "
+                 "caller sizes buffers and budgets with it",
+                 "num_rows / world_size is a float (a fraction of a row when they do not divide): keep ints with "
+                 "num_rows // world_size")
+        got = int(answer)
         if got == want:
             continue
         source = f"measured {seen:,}" if seen is not None else f"expected {want:,}"
@@ -390,7 +405,7 @@ def _fraction(budget: float) -> str:
 def train_with_sharder(sharder: Any, config: data.ClickLogConfig = BUDGET_LOG) -> dict[str, Any]:
     """On every rank: the lab's DLRM sharded by the planner with `sharder`, one epoch of `config`'s log at
     256 rows per rank per step, then ``{"auc", "state bytes", "table bytes"}``: the test AUC of all ranks,
-    and this rank's fused optimizer state and the bytes of the fused tables it holds."""
+    this rank's fused optimizer state and the bytes of the fused tables it holds, and those tables' names."""
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -407,8 +422,10 @@ def train_with_sharder(sharder: Any, config: data.ClickLogConfig = BUDGET_LOG) -
     dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=[sharder])
     training.train(dmp, training.optimizer(dmp), log.train, 256, 1, desc=None)
     logits, labels = training.predict(dmp, log.test)
-    fused = [p for _, p in in_backward_optimizer_filter(dmp.named_parameters(), include=True)]
+    fused_named = list(in_backward_optimizer_filter(dmp.named_parameters(), include=True))
+    fused = [p for _, p in fused_named]
     return {
+        "fused tables": sorted(name.rsplit(".", 2)[-2] for name, _ in fused_named),
         "auc": training.auc(logits, labels),
         "state bytes": optimizers.state_bytes(dmp.fused_optimizer),
         "table bytes": sum(memory.tensor_bytes(p) for p in fused),
@@ -454,7 +471,9 @@ def check_budget_choice(choose_sharder: Callable[[float], Any], launch: Callable
     at most `budget_fraction` of each rank's table bytes as state and trains the lab's DLRM, in one epoch of a
     click log of the check's own, to within ``AUC_MARGIN`` of the AUC that exact Adagrad (lr 0.1) reaches; for
     the lab's budget (``BUDGET_FRACTION``) and for one it does not show (``UNSHOWN_BUDGET_FRACTION``), where
-    row-wise Adagrad's state (1/16 of 16-wide tables) does not fit.
+    row-wise Adagrad's state (1/16 of 16-wide tables) does not fit. Every table that exact Adagrad's sharder gets
+    fused must be fused with the answer's too: a table moved to the dense kernel takes its state to the dense
+    optimizer (``training.optimizer``'s Adam), outside the fused state the budget is measured on.
     """
     if launch is None:
         from course_lib import launch
@@ -474,6 +493,19 @@ def check_budget_choice(choose_sharder: Callable[[float], Any], launch: Callable
             )
             fail(report["error"], hint)
         budget = report["budget"]
+        if reference is not None:
+            unfused = sorted(set(reference["fused tables"]) - set(report["yours"]["fused tables"]))
+            if unfused:
+                fail(
+                    f"{call}: with your sharder the tables {unfused} are no longer fused: they train on the dense "
+                    "kernel, and training.optimizer gives them Adam, two fp32 values per element of state kept "
+                    "outside the fused optimizer, where the budget still counts them",
+                    "the budget is met by the fused optimizer's own state: keep the sharder's fused kernels (an "
+                    "EmbeddingBagCollectionSharder with fused_params) and choose its optimizer",
+                )
+        if any(not r["cases"][i]["yours"]["table bytes"] for r in reports):
+            fail(f"{call}: no table is fused on some rank with your sharder, so no fused state can be measured",
+                 "return EmbeddingBagCollectionSharder(fused_params={'optimizer': ..., 'learning_rate': ...})")
         worst = max(r["cases"][i]["yours"]["state bytes"] / r["cases"][i]["yours"]["table bytes"] for r in reports)
         if worst > budget:
             fail(
