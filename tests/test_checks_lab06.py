@@ -246,13 +246,124 @@ def test_bytes_check_says_when_the_answer_is_not_written():
         lab06.check_bytes_prediction(predict)
 
 
-# ------------------------------------------------------------------------------------------ hsdp
+# ---------------------------------------------------------------------------------- layout decision
 
 
-def hsdp_mesh():
-    from torch.distributed.device_mesh import init_device_mesh
+def predict_state(num_params, shards):  # exercise 2's answer, summed
+    return sum(predict_solution(num_params, shards).values())
 
-    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+def layouts_of(hosts, ranks_per_host, hsdp=None):
+    world = hosts * ranks_per_host
+    return {
+        "FSDP": list(range(world)),
+        "HSDP": hsdp or [[h * ranks_per_host + i for i in range(ranks_per_host)] for h in range(hosts)],
+        "replicate": [[r] for r in range(world)],
+    }
+
+
+def choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps, *,
+                  check_memory=True, hsdp=None, layouts=None):
+    """The solution: the fastest of the three layouts that fit (with options for the wrong answers)."""
+    param_bytes = 4 * num_params
+    best = None
+    for name, layout in (layouts or layouts_of(hosts, ranks_per_host, hsdp)).items():
+        shards = len(layout[0]) if isinstance(layout[0], list) else len(layout)
+        replicas = hosts * ranks_per_host // shards
+        if check_memory and predict_state(num_params, shards) > memory_limit:
+            continue
+        spans = lambda group: len({r // ranks_per_host for r in group}) > 1
+        rows = layout if isinstance(layout[0], list) else [layout]
+        shard_speed = (cross_gbps if spans(rows[0]) else intra_gbps) * 1e9
+        replica_speed = (cross_gbps if spans([row[0] for row in rows]) else intra_gbps) * 1e9
+        seconds = (3 * (shards - 1) / shards * param_bytes / shard_speed
+                   + 2 * (replicas - 1) / replicas * param_bytes / shards / replica_speed)
+        if best is None or seconds < best[0]:
+            best = (seconds, layout)
+    return best[1]
+
+
+def always(name):
+    return lambda hosts, ranks_per_host, *rest: layouts_of(hosts, ranks_per_host)[name]
+
+
+def ignoring_memory(*args):
+    return choose_layout(*args, check_memory=False)
+
+
+def hard_coded_two_by_two(*args):  # right at 2 hosts x 2, the lab's shape
+    return choose_layout(*args, layouts={"FSDP": [0, 1, 2, 3], "HSDP": [[0, 1], [2, 3]],
+                                         "replicate": [[0], [1], [2], [3]]})
+
+
+def hsdp_rows_of_two(hosts, ranks_per_host, *rest):  # the lab's HSDP rows, [0, 1], [2, 3], ..., on any hosts
+    world = hosts * ranks_per_host
+    return choose_layout(hosts, ranks_per_host, *rest, hsdp=[[r, r + 1] for r in range(0, world, 2)])
+
+
+def swapped_orientation(hosts, ranks_per_host, *rest):  # HSDP chosen, then written one row per host position
+    got = choose_layout(hosts, ranks_per_host, *rest)
+    if got == layouts_of(hosts, ranks_per_host)["HSDP"] and 1 < ranks_per_host < hosts * ranks_per_host:
+        return [list(column) for column in zip(*got)]  # rows [0, 2], [1, 3]: each shard group spans the hosts
+    return got
+
+
+def replicate_if_it_fits(hosts, ranks_per_host, num_params, memory_limit, *rest):  # no time compared
+    for name, shards in (("replicate", 1), ("HSDP", ranks_per_host), ("FSDP", hosts * ranks_per_host)):
+        if predict_state(num_params, shards) <= memory_limit:
+            return layouts_of(hosts, ranks_per_host)[name]
+    return layouts_of(hosts, ranks_per_host)["FSDP"]
+
+
+def test_layout_check_accepts_the_solution(capsys):
+    lab06.check_choose_layout(choose_layout)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_layout_check_accepts_tuples_of_numpy_ints():
+    import numpy as np
+
+    def as_arrays(*args):  # numpy ints, tuples
+        return tuple(tuple(np.int64(r) for r in row) if isinstance(row, list) else np.int64(row)
+                     for row in choose_layout(*args))
+
+    lab06.check_choose_layout(as_arrays)
+
+
+def test_the_solution_meets_each_case_as_the_comments_say():
+    cases = lab06.layout_cases()
+    want = ["replicate", "FSDP", "HSDP", "replicate", "HSDP", "FSDP", "replicate", "replicate"]
+    for s, name in zip(cases, want):
+        got = choose_layout(*s.args())
+        assert got == layouts_of(s.hosts, s.ranks_per_host)[name] or (
+            s.ranks_per_host == 1 and name == "replicate" and got == layouts_of(s.hosts, 1)["HSDP"]), (s, got)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (always("HSDP"), "1 host x 4 ranks.*takes .* per step .*replication fits too"),
+        (always("FSDP"), "1 host x 4 ranks.*takes .* per step .*replication fits too"),
+        (always("replicate"), "2 hosts x 2 ranks.*holds 470 KiB per rank .*over the 160 KiB limit"),
+        (ignoring_memory, "2 hosts x 2 ranks.*over the 160 KiB limit"),
+        (replicate_if_it_fits, "2 hosts x 2 ranks.*512 KiB.*HSDP .* fits too.*every rank all-reduces all its "
+                               "gradients across hosts"),
+        (hard_coded_two_by_two, "4 hosts x 8 ranks.*layout of ranks \\[0, 1, 2, 3\\]: this job has 32 ranks"),
+        (hsdp_rows_of_two, "4 hosts x 8 ranks.*replica groups such as \\[0, 2, 4, .*1/2 of the gradients over the slow "
+                           "link, where 8-way shards would send 1/8"),
+        (swapped_orientation, "2 hosts x 2 ranks.*shard groups \\[0, 2\\], \\[1, 3\\] span hosts: every all-gather"),
+        (lambda *args: "HSDP", "return a list of ranks"),
+        (lambda *args: [[0, 1], [2]], "same length"),
+        (lambda *args: [0, 1, 2, 3], "this job has 32 ranks"),
+        (lambda *args: [0.0, 1.0, 2.0, 3.0], "rank numbers \\(ints\\)"),
+    ],
+)
+def test_layout_check_rejects_wrong_answers(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_choose_layout(wrong)
+
+
+# ------------------------------------------------------------------------------ build on a mesh
 
 
 def reset_every_module(model):
@@ -272,7 +383,7 @@ def shard_bottom_up(model, block_mesh, root_mesh):
     fully_shard(model, mesh=root_mesh)
 
 
-def build_hsdp(mesh, *, materialize=True, reset=reset_every_module, blocks=True, shard_mesh=None):
+def build_on_mesh(mesh, *, materialize=True, reset=reset_every_module, blocks=True, shard_mesh=None):
     from torch.distributed.fsdp import fully_shard
 
     from course_lib.models import TinyTransformer
@@ -290,28 +401,14 @@ def build_hsdp(mesh, *, materialize=True, reset=reset_every_module, blocks=True,
     return model
 
 
-def flat_mesh():
+def build_on_its_own_mesh(mesh):  # makes the lab's 2 x 2 mesh itself: the argument is ignored
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("cpu", (4,))
+    return build_on_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
 
 
-def shard_across_hosts_mesh():  # ranks 0 and 2 share a shard group: each group spans both hosts
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return DeviceMesh("cpu", torch.tensor([[0, 2], [1, 3]]), mesh_dim_names=("replicate", "shard"))
-
-
-def unnamed_mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (2, 2))
-
-
-def four_replicas_mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (4, 1), mesh_dim_names=("replicate", "shard"))
+def build_on_the_shard_dim(mesh):  # "the shard dim" taken from a 2-D mesh, whatever it is given
+    return build_on_mesh(mesh, shard_mesh=mesh["shard"])
 
 
 def reset_all_but_attention(model):
@@ -321,7 +418,7 @@ def reset_all_but_attention(model):
 
 
 def build_without_reset(mesh):
-    model = build_hsdp(mesh, reset=None)
+    model = build_on_mesh(mesh, reset=None)
     with torch.no_grad():  # to_empty's memory is often zeros; make that certain
         for p in model.parameters():
             p.to_local().zero_()
@@ -380,12 +477,12 @@ def build_with_meta_context(mesh):  # meta through torch.device("meta"): right t
     return model
 
 
-def test_hsdp_check_accepts_a_model_built_in_a_meta_device_context(capsys):
-    lab06.check_hsdp(hsdp_mesh, build_with_meta_context)
+def test_build_check_accepts_a_model_built_in_a_meta_device_context(capsys):
+    lab06.check_build_on_mesh(build_with_meta_context)
     assert capsys.readouterr().out.startswith("✓")
 
 
-def build_blocks_on_the_default_mesh(mesh):  # the blocks sharded over all 4 ranks, the root over the 2-D mesh
+def build_blocks_on_the_default_mesh(mesh):  # the blocks sharded over all 4 ranks, the root over the given mesh
     from course_lib.models import TinyTransformer
 
     torch.manual_seed(0)
@@ -396,32 +493,31 @@ def build_blocks_on_the_default_mesh(mesh):  # the blocks sharded over all 4 ran
     return model
 
 
-def test_hsdp_check_accepts_the_solution(capsys):
-    lab06.check_hsdp(hsdp_mesh, build_hsdp)
-    assert capsys.readouterr().out.startswith("✓")
+def test_build_check_accepts_the_solution(capsys):
+    lab06.check_build_on_mesh(build_on_mesh)
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "on a 1-D mesh of 4, 30,080" in out
 
 
 @pytest.mark.parametrize(
-    "mesh, build, words",
+    "build, words",
     [
-        (flat_mesh, build_hsdp, "1-D mesh is plain FSDP"),
-        (shard_across_hosts_mesh, build_hsdp, "shards span hosts"),
-        (four_replicas_mesh, build_hsdp, "shape \\(4, 1\\)"),
-        (unnamed_mesh, build_hsdp, "mesh_dim_names"),
-        (hsdp_mesh, lambda mesh: build_hsdp(mesh, materialize=False), "never materialized"),
-        (hsdp_mesh, build_without_reset, "not initialized"),
-        (hsdp_mesh, lambda mesh: build_hsdp(mesh, reset=reset_all_but_attention), "in_proj_weight"),
-        (hsdp_mesh, lambda mesh: build_hsdp(mesh, shard_mesh=mesh["shard"]), "Shard\\(dim=0\\),\\) ?, HSDP|placed"),
-        (hsdp_mesh, lambda mesh: build_hsdp(mesh, blocks=False), "one per block and the root"),
-        (hsdp_mesh, lambda mesh: None, "returned a NoneType"),
-        (hsdp_mesh, build_whole_on_the_cpu, "built the TinyTransformer on cpu"),
-        (hsdp_mesh, build_on_the_cpu_then_reset, "built the TinyTransformer on cpu"),
-        (hsdp_mesh, build_seeded_by_rank, "the ranks start from different weights"),
-        (hsdp_mesh, build_materialized_before_sharding, "called to_empty before fully_shard"),
-        (hsdp_mesh, build_blocks_on_the_default_mesh,
+        (lambda mesh: build_on_mesh(mesh, materialize=False), "never materialized"),
+        (build_without_reset, "not initialized"),
+        (lambda mesh: build_on_mesh(mesh, reset=reset_all_but_attention), "in_proj_weight"),
+        (build_on_the_shard_dim, "placed \\(Shard\\(dim=0\\),\\); sharded on that mesh"),
+        (lambda mesh: build_on_mesh(mesh, blocks=False), "one per block and the root"),
+        (lambda mesh: None, "returned a NoneType"),
+        (build_on_its_own_mesh, "ignored its mesh argument: given a 1-D mesh of the 4 ranks, its parameters are "
+                                "placed \\(Replicate\\(\\), Shard\\(dim=0\\)\\)"),
+        (build_whole_on_the_cpu, "built the TinyTransformer on cpu"),
+        (build_on_the_cpu_then_reset, "built the TinyTransformer on cpu"),
+        (build_seeded_by_rank, "the ranks start from different weights"),
+        (build_materialized_before_sharding, "called to_empty before fully_shard"),
+        (build_blocks_on_the_default_mesh,
          "placed \\(Replicate\\(\\), Shard\\(dim=0\\)\\), \\(Shard\\(dim=0\\),\\)"),
     ],
 )
-def test_hsdp_check_rejects_wrong_answers(mesh, build, words):
+def test_build_check_rejects_wrong_answers(build, words):
     with pytest.raises(CheckFailed, match=words):
-        lab06.check_hsdp(mesh, build)
+        lab06.check_build_on_mesh(build)

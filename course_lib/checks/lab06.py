@@ -3,12 +3,17 @@
 `check_shard` runs the learner's `shard(model)` on 2 ranks and looks at what it did: which modules became
 FSDP groups, which parameters became DTensors, how many all-gathers one forward ran, and whether a training
 step still works. `check_bytes_prediction` compares the learner's formula with bytes measured on 2 and 4
-ranks for a model whose size the learner has not seen.
+ranks for a model whose size the learner has not seen. `check_choose_layout` applies the learner's choice of
+layout (FSDP over all ranks, HSDP, replication) to cases it has not seen, builds the 4-rank ones and judges
+each by the bytes per rank and the time its collectives take; `check_build_on_mesh` runs the learner's
+meta-device build on two different meshes.
 """
 from __future__ import annotations
 
 import functools
+import json
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from course_lib.checks import exercise, fail, is_number, launch_quietly, one_line, passed, raise_if_unwritten
@@ -275,16 +280,285 @@ def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -
     )
 
 
-# ------------------------------------------------------------------------------------------ hsdp
+# ------------------------------------------------------------------------------- the layout decision
 
-# The model of the HSDP exercise, and the hosts the check pretends the 4 ranks sit on (2 hosts x 2 ranks).
+# The model every 4-rank case builds, and the model of the build exercise.
 HSDP_MODEL = {"vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2, "max_seq_len": 16}
-HOSTS = ((0, 1), (2, 3))
+STATE_BYTES = 16  # per parameter, fp32 + Adam: weight 4, gradient 4, exp_avg and exp_avg_sq 8 (exercise 2)
+_KiB, _GiB = 2**10, 2**30
+_LAYOUT_NAMES = ("FSDP over all ranks", "HSDP (shard within a host, replicate across hosts)", "replication")
+
+
+@dataclass(frozen=True)
+class Situation:
+    """One case of the layout decision: the arguments of ``choose_layout`` and a description."""
+
+    hosts: int
+    ranks_per_host: int
+    num_params: int
+    memory_limit: int  # bytes of model state (parameters, gradients, Adam) a rank may hold
+    intra_gbps: float  # GB/s a rank sends at inside its host
+    cross_gbps: float  # GB/s a rank sends at over the link between hosts
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    def args(self) -> tuple:
+        return (self.hosts, self.ranks_per_host, self.num_params, self.memory_limit, self.intra_gbps, self.cross_gbps)
+
+    def describe(self) -> str:
+        from course_lib.memory import format_bytes
+
+        return (f"{self.hosts} host{'s' if self.hosts > 1 else ''} x {self.ranks_per_host} ranks, "
+                f"{self.num_params:,} parameters, {format_bytes(self.memory_limit)} per rank, "
+                f"{self.intra_gbps:g} GB/s inside a host, {self.cross_gbps:g} GB/s between hosts")
+
+
+def _hsdp_params() -> int:
+    from course_lib import memory
+    from course_lib.models import TinyTransformer
+
+    return memory.count_params(TinyTransformer(**HSDP_MODEL, device="meta"))
+
+
+def layout_cases() -> list[Situation]:
+    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 4 larger
+    ones judged by the same accounting from the layout alone."""
+    n = _hsdp_params()  # 30,080: 470 KiB of state whole, 235 KiB sharded 2 ways, 117.5 KiB 4 ways
+    return [
+        Situation(1, 4, n, 512 * _KiB, 100, 12.5),   # it fits whole: replication sends least
+        Situation(2, 2, n, 160 * _KiB, 100, 12.5),   # only 4-way sharding fits
+        Situation(2, 2, n, 512 * _KiB, 100, 12.5),   # replication fits, HSDP is faster
+        Situation(4, 1, n, 512 * _KiB, 100, 12.5),   # one rank per host: HSDP is replication
+        Situation(4, 8, 3_000_000_000, 40 * _GiB, 150, 25),    # HSDP
+        Situation(2, 4, 1_000_000_000, 3 * _GiB, 150, 25),     # only FSDP over all 8 fits
+        Situation(1, 8, 1_000_000_000, 40 * _GiB, 150, 25),    # one host, fits whole: replication
+        Situation(2, 8, 1_000_000_000, 40 * _GiB, 25, 25),     # PCIe GPUs, no NVLink: replication
+    ]
+
+
+def named_layouts(hosts: int, ranks_per_host: int) -> dict[str, Any]:
+    """The three layouts of the exercise, as rank layouts (rows of a 2-D layout are shard groups)."""
+    world = hosts * ranks_per_host
+    return {
+        _LAYOUT_NAMES[0]: list(range(world)),
+        _LAYOUT_NAMES[1]: [[h * ranks_per_host + i for i in range(ranks_per_host)] for h in range(hosts)],
+        _LAYOUT_NAMES[2]: [[r] for r in range(world)],
+    }
+
+
+def _groups(layout: list) -> tuple[list[list[int]], list[list[int]]]:
+    """(shard groups, replicate groups) of a normalized layout: a 1-D layout shards over all its ranks."""
+    if layout and isinstance(layout[0], list):
+        return [list(row) for row in layout], [list(col) for col in zip(*layout)]
+    return [list(layout)], [[r] for r in layout]
+
+
+def _account(shard_groups: list[list[int]], replicate_groups: list[list[int]], s: Situation,
+             state: float | None = None) -> dict[str, Any]:
+    """The course's accounting: state per rank, bytes each rank sends per step in each group, and the time."""
+    S, R = len(shard_groups[0]), len(replicate_groups[0])
+    P = 4 * s.num_params  # fp32 parameter bytes
+    shard_bytes = 3 * (S - 1) / S * P  # two all-gathers of the parameters, one reduce-scatter of the gradients
+    replicate_bytes = 2 * (R - 1) / R * P / S  # one all-reduce of each rank's gradient shard
+    spans = lambda group: len({r // s.ranks_per_host for r in group}) > 1  # noqa: E731
+    crossing_shards = [g for g in shard_groups if S > 1 and spans(g)]
+    crossing_replicas = [g for g in replicate_groups if R > 1 and spans(g)]
+    speed = lambda crosses: (s.cross_gbps if crosses else s.intra_gbps) * 1e9  # noqa: E731
+    seconds = max(shard_bytes / speed(spans(g)) for g in shard_groups) + max(
+        replicate_bytes / speed(spans(g)) for g in replicate_groups)
+    return {"S": S, "R": R, "state": STATE_BYTES * s.num_params / S if state is None else state,
+            "seconds": seconds, "shard bytes": shard_bytes, "replicate bytes": replicate_bytes,
+            "crossing shards": crossing_shards, "crossing replicas": crossing_replicas}
+
+
+def _normalize_layout(got: Any, s: Situation) -> list | str:
+    """The learner's layout as a list of ints or a list of equal rows; or what is wrong with it."""
+    import operator
+
+    try:
+        import torch
+
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(got, (list, tuple)) or not got:
+        return f"returned {got!r}: return a list of ranks (1-D mesh) or a list of rows (2-D mesh: each row a shard group)"
+    try:
+        if all(isinstance(row, (list, tuple)) for row in got):
+            layout: list = [[operator.index(r) for r in row] for row in got]
+            if len({len(row) for row in layout}) != 1 or not layout[0]:
+                return f"returned rows of lengths {[len(row) for row in layout]}: every row of a mesh has the same length"
+            ranks = [r for row in layout for r in row]
+        else:
+            layout = [operator.index(r) for r in got]
+            ranks = layout
+    except TypeError:
+        return (f"returned {got!r}: a layout holds rank numbers (ints), as a list (1-D mesh) or a list of rows "
+                "(2-D mesh)")
+    if sorted(ranks) != list(range(s.world_size)):
+        return (f"returned a layout of ranks {sorted(ranks)[:8]}{' ...' if len(ranks) > 8 else ''}: this job has "
+                f"{s.world_size} ranks, and a mesh lists each of 0..{s.world_size - 1} once")
+    return layout
+
+
+def _layout_on_rank(layouts: list[list]) -> list[dict[str, Any]]:
+    """On each of 4 ranks: for each layout, a HSDP_MODEL sharded on its mesh, one Adam step, the bytes held."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from course_lib import memory
+    from course_lib.fsdp import parallelize
+    from course_lib.models import TinyTransformer, counting_tokens, next_token_loss
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = []
+    for layout in layouts:
+        two_d = isinstance(layout[0], list)
+        mesh = DeviceMesh("cpu", layout, mesh_dim_names=("replicate", "shard") if two_d else None)
+        torch.manual_seed(0)
+        model = parallelize(TinyTransformer(**HSDP_MODEL), mesh=mesh)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        tokens = counting_tokens(world, 8, HSDP_MODEL["vocab_size"])[rank::world]
+        next_token_loss(model(tokens), tokens).backward()
+        optimizer.step()
+        groups = [sorted(dist.get_process_group_ranks(mesh.get_group(d))) for d in range(mesh.ndim)]
+        out.append({"state": memory.measure(model, optimizer).total, "shard group": groups[-1],
+                    "replicate group": groups[0] if two_d else [rank]})
+    return out
+
+
+def _measure_layouts(layouts: list[list], launch: Callable[..., list[Any]]) -> list[dict[str, Any]]:
+    """Per layout: the most state bytes any rank held, and the shard and replicate groups the ranks reported."""
+    with warnings.catch_warnings():  # 4 ranks on fewer cores: fine for a check
+        warnings.simplefilter("ignore", UserWarning)
+        per_rank = launch(_layout_on_rank, layouts, world_size=4, backend="gloo", show_ranks=[], timeout=2 * _TIMEOUT_S)
+    measured = []
+    for i in range(len(layouts)):
+        reports = [rank_reports[i] for rank_reports in per_rank]
+        unique = lambda key: sorted({tuple(r[key]) for r in reports})  # noqa: E731
+        measured.append({"state": max(r["state"] for r in reports),
+                         "shard groups": [list(g) for g in unique("shard group")],
+                         "replicate groups": [list(g) for g in unique("replicate group")]})
+    return measured
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:,.1f} ms" if t >= 1e-3 else f"{t * 1e6:,.2f} µs"
+
+
+def _short(layout: list) -> str:
+    text = str(layout)
+    return text if len(text) <= 40 else text[:37] + "...]"
+
+
+@exercise
+def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[..., list[Any]] | None = None) -> None:
+    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 8
+    cases the lab does not show, and judge each layout by its consequence.
+
+    The 4 cases of 4 ranks are built: one launch of 4 ranks (gloo) shards ``TinyTransformer(**HSDP_MODEL)``
+    on each layout's mesh, takes an Adam step, and reports the bytes of state each rank holds and the ranks
+    of its shard and replicate groups. The 4 larger cases (8 to 32 ranks, models of billions of parameters)
+    cannot run here: they are judged by the same accounting computed from the layout's shape: 16 bytes per
+    parameter / the shard group's size, and per step 3 (S-1)/S of the parameter bytes sent in the shard group
+    and 2 (R-1)/R of a shard's in the replicate group, at the cross-host speed if the group spans hosts.
+
+    A layout passes when it fits the memory limit and its communication takes no longer than the fastest of
+    the three named layouts (FSDP over all ranks, HSDP, replication) that fit.
+    """
+    if launch is None:
+        from course_lib import launch
+    from course_lib.launcher.launch import LaunchError
+    from course_lib.memory import format_bytes
+
+    cases = layout_cases()
+    chosen = []
+    for s in cases:  # every answer first: a wrong shape fails before any launch
+        try:
+            got = choose_layout(*s.args())
+        except Exception as error:  # noqa: BLE001
+            raise_if_unwritten(error)
+            fail(f"choose_layout raised {one_line(error)} for {s.describe()}")
+        layout = _normalize_layout(got, s)
+        if isinstance(layout, str):
+            fail(f"for {s.describe()}, choose_layout {layout}",
+                 "FSDP over all: list(range(world)); HSDP: one row per host; replication: one row per rank")
+        chosen.append(layout)
+    built = [layout for s, layout in zip(cases, chosen) if s.world_size == 4]
+    distinct = [json.loads(text) for text in dict.fromkeys(json.dumps(layout) for layout in built)]
+    try:
+        measured = dict(zip(map(json.dumps, distinct), _measure_layouts(distinct, launch)))
+    except LaunchError as error:
+        first = error.failures[0].headline() if error.failures else error.summary
+        fail(f"sharding a model on your layouts on 4 ranks failed: {first}", "return lists of ints, as in the lab")
+    for s, layout in zip(cases, chosen):
+        if s.world_size == 4:
+            m = measured[json.dumps(layout)]
+            mine = _account(m["shard groups"], m["replicate groups"], s, state=m["state"])
+            how = "measured on 4 ranks"
+        else:
+            mine = _account(*_groups(layout), s)
+            how = f"by the accounting: {s.world_size} ranks do not run here"
+        if mine["state"] > s.memory_limit:
+            fail(
+                f"for {s.describe()}: your layout {_short(layout)} shards {mine['S']} way{'s' if mine['S'] > 1 else ''}"
+                f" and holds {format_bytes(mine['state'])} per rank ({how}), over the {format_bytes(s.memory_limit)} "
+                "limit",
+                "a rank holds 16 bytes per parameter / the size of its shard group (exercise 2 with world_size = the "
+                "shard group): check each layout against the limit before comparing times",
+            )
+        options = {name: _account(*_groups(other), s) for name, other in named_layouts(s.hosts, s.ranks_per_host).items()}
+        fitting = {name: a for name, a in options.items() if a["state"] <= s.memory_limit}
+        best_name = min(fitting, key=lambda name: fitting[name]["seconds"])
+        best = fitting[best_name]
+        if mine["seconds"] <= best["seconds"] * (1 + 1e-9):
+            continue
+        why = []
+        if mine["crossing shards"]:
+            shown = ", ".join(map(str, mine["crossing shards"][:2])) + (", ..." if len(mine["crossing shards"]) > 2 else "")
+            why.append(f"shard groups {shown} span hosts: every all-gather and reduce-scatter crosses the slow link")
+        if mine["crossing replicas"] and mine["S"] == 1:
+            why.append("every rank all-reduces all its gradients across hosts")
+        elif mine["crossing replicas"] and best["S"] > mine["S"]:
+            why.append(f"replica groups such as {mine['crossing replicas'][0]} span hosts: each step all-reduces "
+                       f"1/{mine['S']} of the gradients over the slow link, where {best['S']}-way shards would "
+                       f"send 1/{best['S']}")
+        if mine["S"] > 1 and best["S"] < mine["S"]:
+            why.append(f"it shards {mine['S']} ways though {best['S']}-way fits: each rank sends "
+                       f"{3 * (mine['S'] - 1)}/{mine['S']} of the parameter bytes per step in all-gathers and a "
+                       "reduce-scatter")
+        fail(
+            f"for {s.describe()}: your layout {_short(layout)} fits ({format_bytes(mine['state'])} per rank) but its "
+            f"communication takes {_seconds(mine['seconds'])} per step ({how}); {best_name} fits too and takes "
+            f"{_seconds(best['seconds'])}" + (": " + "; ".join(why) if why else ""),
+            "compute each layout's time (bytes sent in each group / the speed of the link that group uses) and "
+            "keep the fastest that fits; a group spanning hosts runs at the cross-host speed",
+        )
+    passed(
+        f"choose_layout fits the memory limit and sends the least in all {len(cases)} cases (4 measured on 4 ranks, "
+        f"4 of up to {max(s.world_size for s in cases)} ranks by the accounting)"
+    )
+
+
+# ------------------------------------------------------------------------------ build on a given mesh
+
+HOSTS = ((0, 1), (2, 3))  # the hosts the build check pretends its 4 ranks sit on (2 hosts x 2)
 _HSDP_STEPS = 3
 
 
-def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]) -> dict[str, Any]:
-    """On each of 4 ranks: the learner's mesh and model; what they are; 3 SGD steps against one process."""
+def _placements(model: Any) -> list[str]:
+    from course_lib.fsdp import is_sharded
+
+    return sorted({str(p.placements) if is_sharded(p) else "plain tensor" for p in model.parameters()})
+
+
+def _build_on_rank(build: Callable[[Any], Any]) -> dict[str, Any]:
+    """On each of 4 ranks: the learner's model on a 2 x 2 HSDP mesh, then on a 1-D mesh of 4; what they are;
+    3 SGD steps of the first against one process."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -294,18 +568,10 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
     from course_lib.models import TinyTransformer, counting_tokens, next_token_loss
 
     rank = dist.get_rank()
-    try:
-        mesh = hsdp_mesh()
-    except Exception as error:  # noqa: BLE001
-        raise_if_unwritten(error)
-        return {"error": f"hsdp_mesh() raised {one_line(error)}"}
-    if not isinstance(mesh, DeviceMesh):
-        return {"error": f"hsdp_mesh() returned a {type(mesh).__name__}, not a DeviceMesh"}
-    report: dict[str, Any] = {
-        "mesh shape": tuple(mesh.shape),
-        "mesh groups": [sorted(dist.get_process_group_ranks(mesh.get_group(d))) for d in range(mesh.ndim)],
-    }
-    built: list[list[str]] = []  # the devices of each TinyTransformer build_hsdp makes, as it is made
+    mesh = DeviceMesh("cpu", [list(host) for host in HOSTS], mesh_dim_names=("replicate", "shard"))
+    flat = DeviceMesh("cpu", list(range(dist.get_world_size())))
+    report: dict[str, Any] = {}
+    built: list[list[str]] = []  # the devices of each TinyTransformer build makes, as it is made
     make = TinyTransformer.__init__
 
     def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -322,10 +588,10 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
     TinyTransformer.__init__ = recording_init  # type: ignore[method-assign]
     torch.nn.Module.to_empty = recording_to_empty  # type: ignore[method-assign]
     try:
-        model = build_hsdp(mesh)
+        model = build(mesh)
     except Exception as error:  # noqa: BLE001
         raise_if_unwritten(error)
-        report["error"] = f"build_hsdp(mesh) raised {one_line(error)}"
+        report["error"] = f"build_on_mesh(mesh) raised {one_line(error)}"
         return report
     finally:
         TinyTransformer.__init__ = make  # type: ignore[method-assign]
@@ -333,14 +599,25 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
     report["built whole on"] = sorted({d for devices in built for d in devices if d != "meta"})
     report["materialized whole"] = whole
     if not isinstance(model, torch.nn.Module):
-        report["error"] = f"build_hsdp(mesh) returned a {type(model).__name__}, not the model"
+        report["error"] = f"build_on_mesh(mesh) returned a {type(model).__name__}, not the model"
         return report
     parameters = list(model.named_parameters())
     report["devices"] = sorted({p.device.type for _, p in parameters})
     report["groups"] = fsdp_groups(model)
-    report["placements"] = sorted({str(p.placements) if is_sharded(p) else "plain tensor" for _, p in parameters})
+    report["placements"] = _placements(model)
     report["param bytes"] = memory.param_bytes(model)
     report["full bytes"] = memory.count_params(TinyTransformer(**HSDP_MODEL, device="meta")) * 4
+    # the second, different mesh: an answer that makes its own mesh shards the same way on both
+    try:
+        other = build(flat)
+        report["flat placements"] = _placements(other)
+        report["flat on the given mesh"] = all(
+            not is_sharded(p) or p.device_mesh == flat for p in other.parameters()
+        )
+        report["flat param bytes"] = memory.param_bytes(other)
+        del other
+    except Exception as error:  # noqa: BLE001
+        report["flat error"] = one_line(error)
     if report["devices"] != ["cpu"]:
         return report
     start = full_parameters(model)
@@ -394,16 +671,15 @@ def _hsdp_on_rank(hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any]
 
 
 @exercise
-def check_hsdp(
-    hsdp_mesh: Callable[[], Any], build_hsdp: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None
-) -> None:
-    """`hsdp_mesh()` must give a 2 x 2 mesh over 4 ranks that replicates across the hosts (ranks 0-1 and 2-3)
-    and shards within each; `build_hsdp(mesh)` a ``TinyTransformer(**HSDP_MODEL)`` built on meta, sharded
-    with ``fully_shard(mesh=mesh)`` block by block then the root, materialized on the CPU and initialized.
+def check_build_on_mesh(build_on_mesh: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`build_on_mesh(mesh)` (a fill-in): a ``TinyTransformer(**HSDP_MODEL)`` built on meta, sharded with
+    ``fully_shard(..., mesh=mesh)`` block by block then the root, materialized on the CPU and initialized.
 
-    The check runs both on 4 ranks, reads the placements, the mesh's groups, the bytes each rank holds and
-    the initial weights, then trains 3 SGD steps and compares them with one process on the whole batch,
-    started from the same weights.
+    The check runs it on 4 ranks (gloo) with a 2 x 2 HSDP mesh (replicas across the hosts ranks 0-1 and
+    2-3, shards within each) and reads the placements, the groups, the bytes each rank holds and the initial
+    weights, then trains 3 SGD steps and compares them with one process on the whole batch, started from the
+    same weights. It also calls it with a second, 1-D mesh of the 4 ranks: the parameters must be sharded
+    over that mesh (an answer that makes its own mesh ignores its argument).
     """
     if launch is None:
         from course_lib import launch
@@ -413,33 +689,16 @@ def check_hsdp(
         with warnings.catch_warnings():  # 4 ranks on fewer cores: fine for a check
             warnings.simplefilter("ignore", UserWarning)
             report = launch(  # a CPU exercise: gloo, whatever backend the course runs on
-                _hsdp_on_rank, hsdp_mesh, build_hsdp, world_size=4, backend="gloo", show_ranks=[], timeout=2 * _TIMEOUT_S
+                _build_on_rank, build_on_mesh, world_size=4, backend="gloo", show_ranks=[], timeout=2 * _TIMEOUT_S
             )[0]
     except LaunchError as error:
         raised = [f for f in error.failures if f.kind == "raised"]
         if raised and all(f.exc_type == "NotImplementedError" and not f.message.strip() for f in raised):
             raise
         first = error.failures[0].headline() if error.failures else error.summary
-        fail(f"the check's run on 4 ranks failed: {first}", "run hsdp_mesh() and build_hsdp(mesh) in a launch of "
-             "4 ranks yourself to read the traceback")
-    if "mesh shape" not in report:
-        fail(report["error"], "init_device_mesh('cpu', (replicas, shards), mesh_dim_names=(...))")
-    shape, groups = report["mesh shape"], report["mesh groups"]
-    if shape != (2, 2):
-        fail(
-            f"the mesh has shape {shape}: "
-            + ("a 1-D mesh is plain FSDP over all 4 ranks, and every all-gather crosses hosts"
-               if len(shape) == 1 else "HSDP here is 2 replicas x 2 shards"),
-            "init_device_mesh('cpu', (2, 2), mesh_dim_names=('replicate', 'shard'))",
-        )
-    if tuple(groups[1]) not in HOSTS:
-        fail(
-            f"rank 0 shards with ranks {groups[1]} and replicates with ranks {groups[0]}: the shards span hosts, so "
-            "every all-gather and reduce-scatter crosses the slow link",
-            "fully_shard replicates over mesh dim 0 and shards over dim 1, whatever their names: put the hosts on "
-            "dim 0 (ranks 0-1 are host 0, so the shard groups must be [0, 1] and [2, 3])",
-        )
-    if "error" in report:
+        fail(f"the check's run on 4 ranks failed: {first}", "run build_on_mesh(mesh) in a launch of 4 ranks yourself "
+             "to read the traceback")
+    if "error" in report and "devices" not in report:
         fail(report["error"], "build the model on meta, fully_shard(block, mesh=mesh) each block, then the root")
     if report["devices"] != ["cpu"]:
         fail(
@@ -448,8 +707,9 @@ def check_hsdp(
         )
     if report["placements"] != ["(Replicate(), Shard(dim=0))"]:
         fail(
-            f"the parameters are placed {', '.join(report['placements'])}, HSDP places them (Replicate(), Shard(dim=0))",
-            "pass the 2-D mesh itself to fully_shard(..., mesh=mesh), for every block and the root",
+            f"given a 2 x 2 HSDP mesh, the parameters are placed {', '.join(report['placements'])}; sharded on that "
+            "mesh they are placed (Replicate(), Shard(dim=0))",
+            "pass the mesh you are given to fully_shard(..., mesh=mesh), for every block and the root",
         )
     blocks = [f"layers.{i}" for i in range(HSDP_MODEL["n_layers"])]
     if sorted(report["groups"]) != sorted(["", *blocks]):
@@ -457,17 +717,27 @@ def check_hsdp(
             f"the FSDP groups are {report['groups']}; expected one per block and the root",
             "fully_shard(block, mesh=mesh) for each block of model.layers, then fully_shard(model, mesh=mesh)",
         )
+    if "flat error" in report:
+        fail(f"given a 1-D mesh of the 4 ranks, build_on_mesh raised {report['flat error']}",
+             "build on whatever mesh you are given: fully_shard(..., mesh=mesh) takes a 1-D or a 2-D mesh")
+    if not report["flat on the given mesh"] or report["flat placements"] != ["(Shard(dim=0),)"]:
+        fail(
+            f"build_on_mesh ignored its mesh argument: given a 1-D mesh of the 4 ranks, its parameters are placed "
+            f"{', '.join(report['flat placements'])} and each rank holds {report['flat param bytes']:,} parameter "
+            f"bytes, not {report['full bytes'] // 4:,} (a quarter)",
+            "shard on the `mesh` argument (fully_shard(..., mesh=mesh)); do not make a mesh inside build_on_mesh",
+        )
     if report.get("built whole on"):
         fail(
-            f"build_hsdp built the TinyTransformer on {', '.join(report['built whole on'])}: every rank allocated the "
-            "whole model before sharding it (fine here, impossible for a model that does not fit one rank)",
+            f"build_on_mesh built the TinyTransformer on {', '.join(report['built whole on'])}: every rank allocated "
+            "the whole model before sharding it (fine here, impossible for a model that does not fit one rank)",
             "TinyTransformer(**lab06.HSDP_MODEL, device='meta'), fully_shard block by block and the root, then "
             "model.to_empty(device='cpu') and reset_parameters()",
         )
     if report.get("materialized whole"):
         names = report["materialized whole"]
         fail(
-            f"build_hsdp called to_empty before fully_shard: {len(names)} parameters ({', '.join(names[:2])}, ...) "
+            f"build_on_mesh called to_empty before fully_shard: {len(names)} parameters ({', '.join(names[:2])}, ...) "
             "were allocated whole on every rank, then cut",
             "fully_shard block by block and the root while the model is on meta; then model.to_empty(device='cpu') "
             "allocates only each rank's shards (and reset_parameters() fills them)",
@@ -508,7 +778,7 @@ def check_hsdp(
             "every block and the root on the same 2-D mesh: then HSDP is the same math as one process",
         )
     passed(
-        f"HSDP on 2 hosts x 2: shards within a host {groups[1]}, replicas across hosts {groups[0]}; each rank holds "
-        f"{report['param bytes']:,} of {report['full bytes']:,} parameter bytes; {_HSDP_STEPS} losses equal one "
-        "process's"
+        f"built on meta on the mesh it was given: on 2 hosts x 2 each rank holds {report['param bytes']:,} of "
+        f"{report['full bytes']:,} parameter bytes and {_HSDP_STEPS} losses equal one process's; on a 1-D mesh "
+        f"of 4, {report['flat param bytes']:,}"
     )
