@@ -113,6 +113,13 @@ class SnapshotAtInit(AppState):  # the state dict made once, in __init__: a save
         return self._state
 
 
+class PopsTheStep(AppState):  # restores everything, and takes the step out of the caller's dict
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.step = state_dict.pop("step")
+
+
 def test_app_state_check_accepts_the_solution(capsys):
     lab08.check_app_state(AppState)
     assert capsys.readouterr().out.startswith("✓")
@@ -132,6 +139,7 @@ def test_app_state_check_accepts_the_solution(capsys):
         (RebindsInsteadOfLoading, "does not restore the model's weights"),
         (StepReadButNotKept, "the step was not restored"),
         (SnapshotAtInit, "the checkpoint says step 0, but dcp.save ran at step 3"),
+        (PopsTheStep, "load_state_dict\\(\\) changed the state dict it was handed: the state dict lost its entry 'step'"),
     ],
 )
 def test_app_state_check_rejects_wrong_answers(wrong, words):
@@ -236,6 +244,39 @@ def save_the_fused_optimizer_only(app, root):  # the tables' Adagrad, not Adam's
     return folder
 
 
+def save_stepping_the_optimizer_first(app, root):  # "makes the lazy state exist": the last gradients, again
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    app.optimizer.step()
+    dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
+def save_then_free_the_model(app, root):  # the job is not over: it trains on from this model
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    app.model.module.model.dense_arch.to("meta")  # (app.model.to("meta") raises on a DMP model)
+    return folder
+
+
+def save_counting_the_next_step(app, root):  # moves the step on, as if saving were a step
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    app.step += 1
+    return folder
+
+
 def test_save_check_accepts_the_solution(capsys):
     lab08.check_save(save)
     assert capsys.readouterr().out.startswith("✓")
@@ -251,6 +292,9 @@ def test_save_check_accepts_the_solution(capsys):
         (save_under_another_key, "(?s)cannot be loaded as .*under the key 'app'"),
         (save_the_fused_optimizer_only, "cannot be loaded as .*Missing key .*exp_avg|cannot be loaded as .*Missing key"),
         (save_on_rank_zero_without_a_group, "only rank 0 wrote its shards"),
+        (save_stepping_the_optimizer_first, "save changed the app it was handed: the model's weights, Adam's state"),
+        (save_then_free_the_model, "save changed the app it was handed: the model and optimizer can no longer be read .* after the call"),
+        (save_counting_the_next_step, "save changed the app it was handed: the step \\(now 4\\)"),
     ],
 )
 def test_save_check_rejects_wrong_answers(wrong, words):
@@ -379,6 +423,49 @@ def reload_initialising_adam_after_the_load(path, config, per_table):  # the zer
     return app
 
 
+def reload_the_lab_config(path, config, per_table):  # the lab's log.config: right only at the lab's sizes
+    from course_lib import data
+
+    return reload(path, data.ClickLogConfig(num_train=40_000, num_test=2_000), per_table)
+
+
+def reload_row_wise_always(path, config, per_table):  # the lab's layout("row_wise", ...), not the plan it is given
+    from torchrec.distributed.sharding_plan import row_wise
+
+    return reload(path, config, {t.name: row_wise(compute_kernel="fused") for t in config.tables(16)})
+
+
+_PATHS_SEEN = []
+
+
+def reload_the_first_path(path, config, per_table):  # a fixed checkpoint (here: the first one it was given)
+    _PATHS_SEEN.append(path)
+    return reload(_PATHS_SEEN[0], config, per_table)
+
+
+def reload_the_first_path_and_the_lab_config(path, config, per_table):
+    from course_lib import data
+
+    _PATHS_SEEN.append(path)
+    return reload(_PATHS_SEEN[0], data.ClickLogConfig(num_train=40_000, num_test=2_000), per_table)
+
+
+def reload_that_edits_the_plan(path, config, per_table):  # "fills in" the kernel in the caller's plan
+    from torchrec.distributed.sharding_plan import row_wise
+
+    for name in per_table:
+        per_table[name] = row_wise(compute_kernel="fused")
+    return reload(path, config, per_table)
+
+
+def reload_and_rewrite_the_checkpoint(path, config, per_table):  # "converts" the checkpoint to the new layout
+    import torch.distributed.checkpoint as dcp
+
+    app = reload(path, config, per_table)
+    dcp.save({"app": app}, checkpoint_id=path)
+    return app
+
+
 def test_reload_check_accepts_the_solution(capsys):
     lab08.check_reload(reload)
     assert capsys.readouterr().out.startswith("✓")
@@ -393,6 +480,12 @@ def test_reload_check_accepts_the_solution(capsys):
         (reload_the_model_only, "the optimizer's state was not restored"),
         (reload_without_the_step, "the reloaded step is 0"),
         (reload_initialising_adam_after_the_load, "Adam's state was not restored"),
+        (reload_the_lab_config, "built its tables from a config other than the one it was handed"),
+        (reload_row_wise_always, "with a second checkpoint .*reload does not shard by its per_table argument"),
+        (reload_the_first_path, "read a checkpoint other than the path it was handed"),
+        (reload_the_first_path_and_the_lab_config, "returned step 3, the step of the first checkpoint"),
+        (reload_that_edits_the_plan, "reload changed its argument 3 \\(per_table\\) in place"),
+        (reload_and_rewrite_the_checkpoint, "reload wrote into the checkpoint it was handed"),
     ],
 )
 def test_reload_check_rejects_wrong_answers(wrong, words):
@@ -507,6 +600,28 @@ def mixed_names_the_tables(path, config, per_table):  # skips the tables that mo
     return checkpoint.AppState(model, optimizer, state["step"])
 
 
+def mixed_into_the_lab_config(path, config, per_table):  # the lab's log.config: right only at the lab's sizes
+    from course_lib import data
+
+    return reload_mixed(path, data.ClickLogConfig(num_train=40_000, num_test=2_000), per_table)
+
+
+def mixed_that_rewrites_the_checkpoint(path, config, per_table):  # saves the new layout over the old checkpoint
+    import torch.distributed.checkpoint as dcp
+
+    app = reload_mixed(path, config, per_table)
+    dcp.save({"app": app}, checkpoint_id=path)
+    return app
+
+
+def mixed_that_edits_the_plan(path, config, per_table):  # replaces the data-parallel entries of the caller's plan
+    from torchrec.distributed.sharding_plan import data_parallel
+
+    for name in ("t_category", "t_terms"):  # data-parallel in mixed_layout(): "made sure of" in place
+        per_table[name] = data_parallel()
+    return reload_mixed(path, config, per_table)
+
+
 def test_mixed_reload_check_accepts_the_solution(capsys):
     lab08.check_mixed_reload(reload_mixed)
     assert capsys.readouterr().out.startswith("✓")
@@ -522,6 +637,9 @@ def test_mixed_reload_check_accepts_the_solution(capsys):
         (mixed_adagrad_into_adam, "not a fresh one"),
         (mixed_as_saved, "the layout asks for"),
         (mixed_names_the_tables, "(?s)with another layout .*decide from per_table"),
+        (mixed_into_the_lab_config, "built its tables from a config other than the one it was handed"),
+        (mixed_that_rewrites_the_checkpoint, "reload wrote into the checkpoint it was handed"),
+        (mixed_that_edits_the_plan, "reload changed its argument 3 \\(per_table\\) in place"),
     ],
 )
 def test_mixed_reload_check_rejects_wrong_answers(wrong, words):

@@ -6,18 +6,19 @@ tensors (``course_lib.checkpoint.full_tensors``): weights, the fused optimizer's
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from course_lib import data
-from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
+from course_lib.checks import InputChanged, call_unchanged, exercise, fail, one_line, passed, raise_if_unwritten
 
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=4_000, num_test=500, seed=3)
@@ -25,6 +26,13 @@ _BATCH = 32
 _SAVED_AT = 3  # the checks save after this many steps
 _ROWS = 240  # the fixed batch whose predictions are compared (divisible by 1, 2, 3, 4 ranks)
 _TIMEOUT = 60.0  # seconds a check's launch may take (a few, normally): past it, a rank waits for peers that never come
+# A second checkpoint, of other table sizes, taken at another step: an answer that builds the lab's model
+# (log.config) instead of the config it is handed, or reads a checkpoint other than the path it is handed, is
+# right for the first checkpoint only.
+_OTHER_CONFIG = data.ClickLogConfig(num_users=300, num_items=120, num_categories=12, num_terms=40, num_train=4_000,
+                                    num_test=500, seed=4)
+_OTHER_SAVED_AT = 5
+_CASES = ((_CHECK_CONFIG, _SAVED_AT), (_OTHER_CONFIG, _OTHER_SAVED_AT))  # (config, step) of each checkpoint
 
 Launch = Callable[..., list[Any]]
 
@@ -64,10 +72,10 @@ def _on_ranks(launch: Launch, fn: Callable[..., Any], *args: Any, world_size: in
     )
 
 
-def _table_wise(world_size: int, kernel: str = "fused") -> dict[str, Any]:
+def _table_wise(world_size: int, config: data.ClickLogConfig = _CHECK_CONFIG) -> dict[str, Any]:
     from torchrec.distributed.sharding_plan import table_wise
 
-    return {t.name: table_wise(rank=i % world_size, compute_kernel=kernel) for i, t in enumerate(_CHECK_CONFIG.tables(16))}
+    return {t.name: table_wise(rank=i % world_size, compute_kernel="fused") for i, t in enumerate(config.tables(16))}
 
 
 def _row_wise() -> dict[str, Any]:
@@ -76,24 +84,37 @@ def _row_wise() -> dict[str, Any]:
     return {t.name: row_wise(compute_kernel="fused") for t in _CHECK_CONFIG.tables(16)}
 
 
-def _shard(per_table: dict[str, Any] | None = None) -> Any:
-    """The lab's DLRM, built on meta and sharded by `per_table` (default: table-wise) on this group."""
+def _other_plan(world_size: int) -> dict[str, Any]:
+    """A second plan for exercise 3, one kind per table: an answer that shards the lab's way fails on it."""
+    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+
+    return {"t_user": column_wise(ranks=list(range(world_size)), compute_kernel="fused"),
+            "t_item": table_wise(rank=world_size - 1, compute_kernel="fused"),
+            "t_category": row_wise(compute_kernel="fused"),
+            "t_terms": table_wise(rank=0, compute_kernel="fused")}
+
+
+_OTHER_PLAN_KINDS = {"t_user": "column_wise", "t_item": "table_wise", "t_category": "row_wise", "t_terms": "table_wise"}
+
+
+def _shard(per_table: dict[str, Any] | None = None, config: data.ClickLogConfig = _CHECK_CONFIG) -> Any:
+    """The lab's DLRM for `config`, built on meta and sharded by `per_table` (default: table-wise) on this group."""
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
 
     from course_lib import models, training
 
     torch.manual_seed(0)
-    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
+    model = models.click_dlrm(config.tables(16), config.num_dense, device="meta")
     world_size = dist.get_world_size()
-    plan = training.model_plan(model, per_table or _table_wise(world_size), world_size=world_size)
+    plan = training.model_plan(model, per_table or _table_wise(world_size, config), world_size=world_size)
     return DistributedModelParallel(model, device=training.device(), plan=plan, sharders=training.sharders())
 
 
-def _train(model: Any, optimizer: Any, steps: range) -> None:
+def _train(model: Any, optimizer: Any, steps: range, config: data.ClickLogConfig = _CHECK_CONFIG) -> None:
     from course_lib import checkpoint, training
 
-    split = data.make_click_log(_CHECK_CONFIG).train
+    split = data.make_click_log(config).train
     for step in steps:
         training.train_step(model, optimizer, checkpoint.batch_at(split, step, _BATCH))
 
@@ -123,11 +144,101 @@ def _first_line(error: BaseException) -> str:
     return one_line(error)[:300]
 
 
-def _predict(model: Any) -> torch.Tensor:
+def _predict(model: Any, config: data.ClickLogConfig = _CHECK_CONFIG) -> torch.Tensor:
     from course_lib import training
 
-    logits, _ = training.predict(model, data.make_click_log(_CHECK_CONFIG).test.rows(0, _ROWS))
+    logits, _ = training.predict(model, data.make_click_log(config).test.rows(0, _ROWS))
     return logits
+
+
+def _local_copy(value: Any) -> Any:
+    """What this rank holds of a (nested) state dict, copied, without a collective: a ShardedTensor's local
+    shards, a DTensor's local tensor, a tensor's values; dicts and lists entry by entry; other leaves as they are."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, Mapping):
+        return {key: _local_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_local_copy(item) for item in value]
+    if isinstance(value, ShardedTensor):
+        return ("tensors", [shard.tensor.detach().clone() for shard in value.local_shards()])
+    if isinstance(value, DTensor):
+        return ("tensors", [value.to_local().detach().clone()])
+    if isinstance(value, torch.Tensor):
+        return ("tensors", [value.detach().clone()])
+    return value
+
+
+def _change(before: Any, after: Any, where: str = "") -> str | None:
+    """The first difference between a `_local_copy` taken before a call and the value after it, in words."""
+    name = f"[{where}]" if where else "the state dict"
+    if isinstance(before, dict):
+        if not isinstance(after, Mapping):
+            return f"{name} was replaced by a {type(after).__name__}"
+        for key in before:
+            if key not in after:
+                return f"{name} lost its entry {key!r}"
+        for key in after:
+            if key not in before:
+                return f"{name} got a new entry {key!r}"
+        for key in before:
+            change = _change(before[key], after[key], f"{where}.{key}" if where else repr(key))
+            if change:
+                return change
+        return None
+    now = _local_copy(after)
+    if isinstance(before, tuple) and len(before) == 2 and before[0] == "tensors":
+        same = (isinstance(now, tuple) and len(now[1]) == len(before[1])
+                and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(before[1], now[1])))
+        return None if same else f"the tensor {name} was changed in place"
+    if isinstance(before, list):
+        if not isinstance(now, list) or len(now) != len(before):
+            return f"{name} changed length"
+        for index, (b, a) in enumerate(zip(before, after)):
+            change = _change(b, a, f"{where}[{index}]")
+            if change:
+                return change
+        return None
+    if isinstance(after, (torch.Tensor, Mapping, list, tuple)):
+        return f"{name} was set to a {type(after).__name__} (was {before!r})"
+    return None if before is after or before == after else f"{name} was set to {after!r} (was {before!r})"
+
+
+def _without_ddp_prefix(app_state: Any) -> Any:
+    """`app_state` with its model state dict's keys as they were: torchrec's DMP.load_state_dict prefixes every
+    key of the dict it is given with "module." in place, for its DDP wrapper (``add_prefix_to_state_dict`` in
+    torchrec/distributed/utils.py), which is the library's doing, not the answer's."""
+    if not isinstance(app_state, Mapping) or not isinstance(app_state.get("model"), Mapping):
+        return app_state
+    model = {key.removeprefix("module."): value for key, value in app_state["model"].items()}
+    return {**app_state, "model": model}
+
+
+def _fingerprint(folder: str) -> dict[str, str]:
+    """Every file of a checkpoint folder and a hash of its bytes: what a load must leave as it found it."""
+    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def _rewritten(before: dict[str, str], folder: str) -> str | None:
+    """Which files of the checkpoint at `folder` a reload wrote, added or removed, in words (None: untouched)."""
+    after = _fingerprint(folder)
+    touched = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    return ", ".join(touched) if touched else None
+
+
+def _call_reload(reload: Callable[..., Any], folder: str, config: data.ClickLogConfig,
+                 per_table: dict[str, Any]) -> Any:
+    """`reload(folder, config, per_table)` on this rank; InputChanged if it changed its config or its plan (an
+    entry added, removed or replaced: the plan's values are functions, compared by identity)."""
+    entries = dict(per_table)
+    app = call_unchanged("reload", reload, folder, config, per_table)
+    replaced = [name for name, value in entries.items() if per_table.get(name) is not value]
+    if replaced:
+        raise InputChanged(f"reload changed its argument 3 (per_table) in place: the entries for {', '.join(replaced)} "
+                           "were replaced")
+    return app
 
 
 # ------------------------------------------------------------------------------------------ exercise 1
@@ -183,10 +294,12 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
         state = {"app": app_state_class(donor_model, donor_optimizer, 0).state_dict()}
         dcp.load(state, checkpoint_id=folder)  # a plain dict: filled in place, no load_state_dict called
         fresh = app_state_class(fresh_model, fresh_optimizer, 0)
+        handed = _local_copy(state["app"])
         fresh.load_state_dict(state["app"])
     except _ERRORS as error:
         report["fresh_error"] = _first_line(error)
         return report
+    report["fresh_changed"] = _change(handed, _without_ddp_prefix(state["app"]))  # the caller's: read, not consumed
     report["fresh_differences"] = _differences(_state(fresh_model, fresh_optimizer), saved)
     report["fresh_step"] = fresh.step
     return report
@@ -262,6 +375,14 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
     if report["fresh_step"] != _SAVED_AT:
         fail(f"load_state_dict() leaves the step at {report['fresh_step']}, the state dict says {_SAVED_AT}",
              "set self.step from the state dict in load_state_dict()")
+    if report["fresh_changed"]:
+        fail(
+            f"load_state_dict() changed the state dict it was handed: {report['fresh_changed']}; the caller's dict "
+            "(kept to log its step, or read once from a file and handed to several apps) no longer holds what was "
+            "loaded",
+            "read from state_dict, do not consume it: state_dict['step'], not state_dict.pop('step'); nothing in "
+            "load_state_dict needs to write into the dict it is given",
+        )
     passed("AppState restores the weights, the fused Adagrad state, Adam's state and the step, in place (dcp.load) "
            "and through load_state_dict() alone")
 
@@ -280,7 +401,8 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
     saved = _state(model, optimizer)
     report: dict[str, Any] = {}
     try:
-        returned = save(checkpoint.AppState(model, optimizer, _SAVED_AT), root)
+        app = checkpoint.AppState(model, optimizer, _SAVED_AT)
+        returned = save(app, root)
     except _ERRORS as error:
         raise_if_unwritten(error)
         report["error"] = f"save(app, root) raised {_first_line(error)}"
@@ -288,6 +410,16 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.barrier()
+    # save only reads the app: the job goes on training from it (an optimizer.step() "to make the state exist"
+    # applies the last gradients a second time; a model moved to meta has no weights left)
+    try:
+        after = _state(model, optimizer)
+        changed = [part for part, difference in _differences(after, saved).items() if difference > 0]
+    except _ERRORS as error:
+        changed = [f"the model and optimizer can no longer be read ({_first_line(error)})"]
+    if app.step != _SAVED_AT:
+        changed.append(f"the step (now {app.step})")
+    report["changed"] = changed
     report["returned"] = None if returned is None else os.fspath(returned)
     report["files"] = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())
     folder = checkpoint.latest(root)
@@ -326,6 +458,18 @@ def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) ->
         shutil.rmtree(root, ignore_errors=True)
     if "error" in report:
         fail(report["error"])
+    if report["changed"]:
+        words = {"model": "the model's weights", "fused": "the fused Adagrad state", "adam": "Adam's state"}
+        what = ", ".join(words.get(part, part) for part in report["changed"])
+        fail(
+            f"save changed the app it was handed: {what}"
+            + (" after the call" if what.startswith("the model and optimizer can no longer") else
+               " differ after the call from before it")
+            + ", so the job cannot train on from the state it saved",
+            "save only reads the app: dcp.save({'app': app}, checkpoint_id=folder) calls app.state_dict() and "
+            "writes it; do not step the optimizer, move the model or change the step (the lazy optimizer state "
+            "matters before a load, not before a save)",
+        )
     want = os.path.join(root, checkpoint.step_folder(_SAVED_AT))
     if report["latest"] is None:
         files = report["files"]
@@ -370,65 +514,148 @@ def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) ->
 
 # ------------------------------------------------------------------------------------------ exercise 3
 
-def _reference_on_rank(folder: str) -> dict[str, Any]:
+def _reference_on_rank(folders: list[str]) -> list[dict[str, Any]]:
+    """On each of 2 ranks: one checkpoint per case of `_CASES` (its config, trained table-wise to its step), saved
+    into its folder of `folders`; what each model holds and predicts."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     from course_lib import checkpoint, training
 
-    model = _shard()
-    optimizer = training.optimizer(model)
-    _train(model, optimizer, range(_SAVED_AT))
-    dcp.save({"app": checkpoint.AppState(model, optimizer, _SAVED_AT)}, checkpoint_id=folder)
-    return {"state": _state(model, optimizer), "logits": _predict(model)}
+    saved = []
+    for folder, (config, steps) in zip(folders, _CASES):
+        model = _shard(_table_wise(dist.get_world_size(), config), config)
+        optimizer = training.optimizer(model)
+        _train(model, optimizer, range(steps), config)
+        dcp.save({"app": checkpoint.AppState(model, optimizer, steps)}, checkpoint_id=folder)
+        saved.append({"state": _state(model, optimizer), "logits": _predict(model, config)})
+    return saved
 
 
-def _reload_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: str) -> dict[str, Any]:
+def _plans(world_size: int) -> list[dict[str, Any]]:
+    """The plan exercise 3's reload gets for each case: every table row-wise, then one kind per table."""
+    return [_row_wise(), _other_plan(world_size)]
+
+
+def _reload_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folders: list[str]) -> list[dict[str, Any]]:
+    """On each rank: the learner's reload of each checkpoint of `folders` (with its config and plan), what it holds."""
+    import torch.distributed as dist
+
     from course_lib import training
 
+    reports: list[dict[str, Any]] = []
+    for folder, (config, _), per_table in zip(folders, _CASES, _plans(dist.get_world_size())):
+        try:
+            app = _call_reload(reload, folder, config, per_table)
+            model, optimizer, step = app.model, app.optimizer, app.step
+        except InputChanged as changed:
+            reports.append({"changed": str(changed)})
+            break
+        except _ERRORS as error:
+            raise_if_unwritten(error)
+            reports.append({"error": _first_line(error)})
+            break
+        reports.append({
+            "sharding": training.sharding_types(model),
+            "state": _state(model, optimizer),
+            "logits": _predict(model, config),
+            "step": step,
+        })
+    return reports
+
+
+def _reloads(launch: Launch, reload: Callable[..., Any], on_ranks: Callable[..., Any], world_size: int,
+             what: str) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """Save the checkpoints of `_CASES` on 2 ranks, then run `on_ranks(reload, folders)` on `world_size` ranks.
+    Returns the references (state and logits of each checkpoint) and each rank's reports; fails the check if the
+    learner's code changed an argument on any rank, or wrote into a checkpoint it was handed."""
+    folders = [tempfile.mkdtemp(prefix="lab08-check-") for _ in _CASES]
     try:
-        app = reload(folder, _CHECK_CONFIG, _row_wise())
-        model, optimizer, step = app.model, app.optimizer, app.step
-    except _ERRORS as error:
-        raise_if_unwritten(error)
-        return {"error": _first_line(error)}
-    return {
-        "sharding": training.sharding_types(model),
-        "state": _state(model, optimizer),
-        "logits": _predict(model),
-        "step": step,
-    }
-
-
-@exercise
-def check_reload(reload: Callable[[str, Any, dict[str, Any]], Any], world_size: int = 4, launch: Launch | None = None) -> None:
-    """`reload(path, config, per_table)`, run on every rank, must return an AppState whose model is sharded by
-    `per_table` on this world size and holds the checkpoint's weights, optimizer state and step.
-
-    The check saves a checkpoint on 2 ranks (every table table-wise), then runs `reload` on `world_size`
-    ranks with every table row-wise, and compares predictions on a fixed batch and every tensor.
-    """
-    launch = _launch(launch)
-    folder = tempfile.mkdtemp(prefix="lab08-check-")
-    try:
-        saved = _on_ranks(launch, _reference_on_rank, folder, world_size=2, what="saving the reference checkpoint")
-        reference = {"state": saved[0]["state"], "logits": torch.cat([r["logits"] for r in saved])}
+        saved = _on_ranks(launch, _reference_on_rank, folders, world_size=2, what="saving the reference checkpoints")
+        references = [{"state": saved[0][case]["state"], "logits": torch.cat([rank[case]["logits"] for rank in saved])}
+                      for case in range(len(_CASES))]
+        before = [_fingerprint(folder) for folder in folders]
         with warnings.catch_warnings():  # launch notes that 4 ranks take turns on a 2-core laptop: known here
             warnings.filterwarnings("ignore", message="launch: .* ranks on .* CPU cores", category=UserWarning)
-            results = _on_ranks(launch, _reload_on_rank, reload, folder, world_size=world_size,
-                                what=f"reload on {world_size} ranks")
+            results = _on_ranks(launch, on_ranks, reload, folders, world_size=world_size, what=what)
+        rewritten = [_rewritten(fingerprint, folder) for fingerprint, folder in zip(before, folders)]
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    report = results[0]
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    changed = next((report["changed"] for rank in results for report in rank if "changed" in report), None)
+    if changed:
+        fail(f"{changed}: the caller's path, config and plan must be as they were after the call",
+             "the caller still needs what it handed over (the next reload, a retry, its own plan): leave path, config "
+             "and per_table as they are; for another plan, make a new dict ({**per_table, name: ...})")
+    for case, files in enumerate(rewritten):
+        if files:
+            fail(
+                f"reload wrote into the checkpoint it was handed ({'the second' if case else 'the first'} one: {files} "
+                "changed): a checkpoint is the job's history, and the next load (a retry, another job, the "
+                "instructor's) reads what your reload left, not what was saved",
+                "reload only reads: dcp.load into the new model's AppState; to keep a resharded copy, dcp.save it "
+                "into a folder of its own",
+            )
+    return references, results
+
+
+def _mismatch(error: str) -> str | None:
+    """What a "Size mismatch" from dcp.load in the second case says the answer did: read a checkpoint other than
+    its path, or built the model from a config other than its config (None: another error)."""
+    sizes = re.search(r"Size mismatch between saved torch\.Size\(\[(\d+), \d+\]\) and current: torch\.Size\(\[(\d+), \d+\]\)", error)
+    if not sizes:
+        return None
+    saved_rows, built_rows = int(sizes[1]), int(sizes[2])
+    first, other = list(_CHECK_CONFIG.num_embeddings.values()), list(_OTHER_CONFIG.num_embeddings.values())
+    rows = ", ".join(map(str, other))
+    if saved_rows in first and saved_rows not in other:
+        return (f"reload read a checkpoint other than the path it was handed: given a second checkpoint, whose tables "
+                f"have {rows} rows, it loaded a table of {saved_rows} rows, from the first checkpoint it was given "
+                "(or one of the lab's)")
+    if built_rows not in other:
+        return (f"reload built its tables from a config other than the one it was handed: given a config whose "
+                f"tables have {rows} rows, it built a table of {built_rows} rows (the lab's log.config has "
+                f"{', '.join(map(str, first))}), so it is right only at the lab's sizes")
+    return None
+
+
+def _judge_reload(results: list[list[dict[str, Any]]], references: list[dict[str, Any]], case: int) -> float:
+    """Fail with what is wrong with the reload of case `case`; return its largest prediction gap."""
+    report = results[0][case]
+    config, step = _CASES[case]
+    where = (f"with a second checkpoint (tables of {_OTHER_CONFIG.num_users}, {_OTHER_CONFIG.num_items}, "
+             f"{_OTHER_CONFIG.num_categories}, {_OTHER_CONFIG.num_terms} rows, step {step}) and a second plan, "
+             if case else "")
     if "error" in report:
-        fail(f"reload raised {report['error']}", "see the cells above: shard, build the optimizer, then dcp.load")
-    kinds = {kind for kind, _ in report["sharding"].values()}
-    if kinds != {"row_wise"}:
+        mismatch = _mismatch(report["error"]) if case else None
+        if mismatch:
+            fail(f"{mismatch} ({report['error']})",
+                 "use the arguments: shard(config, per_table) builds the model the checkpoint at path was saved from")
+        fail(f"{where}reload raised {report['error']}", "see the cells above: shard, build the optimizer, then dcp.load")
+    if case == 0:
+        kinds = {kind for kind, _ in report["sharding"].values()}
+        if kinds != {"row_wise"}:
+            fail(
+                f"the reloaded model's tables are {sorted(kinds) or 'not sharded'}, the plan asks for row_wise",
+                "shard with the plan made from per_table for this world size: training.model_plan(model, per_table, ...)",
+            )
+    else:
+        kinds = {table: kind for table, (kind, _) in report["sharding"].items()}
+        if kinds != _OTHER_PLAN_KINDS:
+            fail(
+                f"{where}the reloaded tables are sharded {kinds}, the plan it was handed asks for {_OTHER_PLAN_KINDS}: "
+                "reload does not shard by its per_table argument",
+                "shard with the plan made from per_table (shard(config, per_table)), not with a layout of the lab",
+            )
+    if case and report["step"] == _SAVED_AT and step != _SAVED_AT:
         fail(
-            f"the reloaded model's tables are {sorted(kinds) or 'not sharded'}, the plan asks for row_wise",
-            "shard with the plan made from per_table for this world size: training.model_plan(model, per_table, ...)",
+            f"{where}reload returned step {report['step']}, the step of the first checkpoint it was given: it does "
+            "not load from the path it is handed",
+            "dcp.load(..., checkpoint_id=path): the path argument, not a checkpoint of the lab",
         )
-    logits = torch.cat([r["logits"] for r in results])
-    prediction_gap = (logits - reference["logits"]).abs().max().item()
+    reference = references[case]
+    logits = torch.cat([rank[case]["logits"] for rank in results])
+    prediction_gap = (logits - reference["logits"]).abs().max().item() if logits.shape == reference["logits"].shape else float("inf")
     differences = _differences(report["state"], reference["state"])
     if differences["model"] > 1e-6:
         dense_equal = all(
@@ -437,29 +664,47 @@ def check_reload(reload: Callable[[str, Any, dict[str, Any]], Any], world_size: 
             if k.startswith("model.") and "embedding_bags" not in k
         )
         fail(
-            f"the reloaded model predicts differently (by up to {prediction_gap:.3g}): its "
+            f"{where}the reloaded model predicts differently (by up to {prediction_gap:.3g}): its "
             + ("tables were not restored, its dense part was" if dense_equal else "weights were not restored"),
             "load after sharding: DistributedModelParallel builds new tables when it shards a model, so weights "
-            "loaded into the unsharded model are lost (and every rank would hold every table)"
+            "loaded into an unsharded model on the CPU are lost (and every rank would hold every table)"
             if dense_equal
             else "dcp.load the checkpoint into the sharded model's AppState",
         )
     if differences["fused"] > 0 and differences["adam"] > 0:
         fail(
-            "the optimizer's state was not restored",
+            f"{where}the optimizer's state was not restored",
             "load the whole AppState (model and optimizer) after building the optimizer of the sharded model",
         )
     if differences["adam"] > 0:
         fail(
-            f"Adam's state was not restored (off by {differences['adam']:.3g}), though no error was raised",
+            f"{where}Adam's state was not restored (off by {differences['adam']:.3g}), though no error was raised",
             "a fresh Adam has no state to load into: call checkpoint.init_optimizer_state(optimizer) before dcp.load",
         )
     if differences["fused"] > 0:
-        fail(f"the fused optimizer's state was not restored (off by {differences['fused']:.3g})", "load the optimizer too")
-    if report["step"] != _SAVED_AT:
-        fail(f"the reloaded step is {report['step']}, the checkpoint was taken at step {_SAVED_AT}", "return the AppState you loaded into")
+        fail(f"{where}the fused optimizer's state was not restored (off by {differences['fused']:.3g})", "load the optimizer too")
+    if report["step"] != step:
+        fail(f"{where}the reloaded step is {report['step']}, the checkpoint was taken at step {step}",
+             "return the AppState you loaded into")
+    return prediction_gap
+
+
+@exercise
+def check_reload(reload: Callable[[str, Any, dict[str, Any]], Any], world_size: int = 4, launch: Launch | None = None) -> None:
+    """`reload(path, config, per_table)`, run on every rank, must return an AppState whose model is sharded by
+    `per_table` on this world size and holds the checkpoint's weights, optimizer state and step, without changing
+    its arguments or the checkpoint.
+
+    The check saves two checkpoints on 2 ranks (every table table-wise): the lab's tables at step 3, and tables
+    of other sizes at step 5. It runs `reload` on `world_size` ranks, first with every table row-wise, then the
+    second checkpoint with one kind of sharding per table, and compares predictions on a fixed batch and every
+    tensor.
+    """
+    references, results = _reloads(_launch(launch), reload, _reload_on_rank, world_size, f"reload on {world_size} ranks")
+    prediction_gap = max(_judge_reload(results, references, case) for case in range(len(_CASES)))
     passed(
-        f"reload on {world_size} ranks (row-wise) restores a 2-rank table-wise checkpoint: predictions within "
+        f"reload on {world_size} ranks restores 2-rank table-wise checkpoints of two table sizes, row-wise and with a "
+        "mixed plan (column-, table- and row-wise tables): predictions within "
         # the row-wise sums' last bits move with the CPU: name the bound they meet, not the gap of this machine
         f"{'1e-06' if prediction_gap <= 1e-6 else f'{prediction_gap:.1g}'}, optimizer state and step exact"
     )
@@ -492,27 +737,33 @@ def _layout(stay_fused: tuple[str, ...]) -> dict[str, Any]:
             for t in _CHECK_CONFIG.tables(16)}
 
 
-def _mixed_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folder: str,
-                   layouts: list[tuple[str, ...]]) -> list[dict[str, Any]]:
-    """On each rank: the learner's reload into each layout (given by its fused tables), what it holds."""
+_MIXED_LAYOUTS = ((_STAY_FUSED, _BECOME_DENSE), (_OTHER_STAY_FUSED, _OTHER_BECOME_DENSE))  # one per case of _CASES
+
+
+def _mixed_on_rank(reload: Callable[[str, Any, dict[str, Any]], Any], folders: list[str]) -> list[dict[str, Any]]:
+    """On each rank: the learner's reload of each checkpoint of `folders` (with its config) into its layout of
+    `_MIXED_LAYOUTS` (the first is mixed_layout() itself), what it holds."""
     from course_lib import checkpoint, training
 
-    reports = []
-    for stay_fused in layouts:
+    reports: list[dict[str, Any]] = []
+    for folder, (config, _), (stay_fused, _) in zip(folders, _CASES, _MIXED_LAYOUTS):
         per_table = mixed_layout() if stay_fused == _STAY_FUSED else _layout(stay_fused)
-        fresh_model = _shard(per_table)  # what an optimizer that loaded nothing holds for the new Adam tables
+        fresh_model = _shard(per_table, config)  # what an optimizer that loaded nothing holds for the new Adam tables
         fresh_optimizer = training.optimizer(fresh_model)
         checkpoint.init_optimizer_state(fresh_optimizer)
         fresh = _state(fresh_model, fresh_optimizer)
         try:
-            app = reload(folder, _CHECK_CONFIG, per_table)
+            app = _call_reload(reload, folder, config, per_table)
             model, optimizer, step = app.model, app.optimizer, app.step
+        except InputChanged as changed:
+            reports.append({"changed": str(changed)})
+            break
         except _ERRORS as error:
             raise_if_unwritten(error)
             reports.append({"error": _first_line(error)})
             break
         reports.append({"sharding": training.sharding_types(model), "state": _state(model, optimizer),
-                        "fresh": fresh, "logits": _predict(model), "step": step})
+                        "fresh": fresh, "logits": _predict(model, config), "step": step})
     return reports
 
 
@@ -526,13 +777,22 @@ def _largest_difference(now: dict[str, torch.Tensor], want: dict[str, torch.Tens
 
 
 def _judge_mixed(report: dict[str, Any], reference: dict[str, torch.Tensor], stay: tuple[str, ...],
-                 become: tuple[str, ...], other: bool) -> None:
+                 become: tuple[str, ...], other: bool, saved_at: int = _SAVED_AT) -> None:
     """Fail with what is wrong with `report`, the learner's reload into the layout where `stay` stay fused and
-    `become` become data-parallel; `other`: that layout is not the lab's mixed_layout()."""
+    `become` become data-parallel, of a checkpoint taken at step `saved_at`; `other`: that layout is not the
+    lab's mixed_layout() (and the checkpoint is the second one, of other table sizes)."""
     stay_names, become_names = " and ".join(stay), " and ".join(become)
-    where = (f"with another layout ({become_names} data-parallel, {stay_names} fused), " if other else "")
+    where = (f"with another layout ({become_names} data-parallel, {stay_names} fused) and a second checkpoint "
+             f"(other table sizes, step {saved_at}), " if other else "")
     generic = ("; decide from per_table (or from what the checkpoint holds) which tables moved, not from the "
                "table names of mixed_layout()" if other else "")
+    mismatch = _mismatch(report.get("error", "")) if other else None
+    if mismatch:
+        fail(f"{mismatch} ({report['error']})",
+             "use the arguments: shard(config, per_table) builds the model the checkpoint at path was saved from")
+    if other and report.get("step") == _SAVED_AT != saved_at:
+        fail(f"{where}reload returned step {report['step']}, the step of the first checkpoint it was given: it does "
+             "not load from the path it is handed", "dcp.load(..., checkpoint_id=path): the path argument")
     if "error" in report:
         missing = "Missing key" in report["error"]
         fail(f"{where}reload raised {report['error']}",
@@ -549,8 +809,8 @@ def _judge_mixed(report: dict[str, Any], reference: dict[str, torch.Tensor], sta
     if _largest_difference(state, reference, weights) > 1e-6:
         fail(f"{where}the reloaded weights are not the checkpoint's",
              "load the model's state dict (every table, whatever its new layout, and the dense part)")
-    if report["step"] != _SAVED_AT:
-        fail(f"{where}the reloaded step is {report['step']}, the checkpoint was taken at step {_SAVED_AT}",
+    if report["step"] != saved_at:
+        fail(f"{where}the reloaded step is {report['step']}, the checkpoint was taken at step {saved_at}",
              "load the step too: the data order and any schedule depend on it")
     fused_keys = [k for k in reference if "momentum" in k and any(f".{t}." in k for t in stay)]
     if _largest_difference(state, reference, fused_keys) > 0:
@@ -576,19 +836,11 @@ def check_mixed_reload(reload: Callable[[str, Any, dict[str, Any]], Any], launch
     the checkpoint that still means something: every weight, the step, the Adagrad state of the tables that stay
     fused, Adam's state of the dense part; and, for the tables that moved to Adam, a fresh Adam state (the
     checkpoint has none to give, and an Adagrad accumulator is not one). The check then asks for a second layout,
-    with other tables moving, and wants the same of it."""
-    launch = _launch(launch)
-    folder = tempfile.mkdtemp(prefix="lab08-check-")
-    layouts = [(_STAY_FUSED, _BECOME_DENSE), (_OTHER_STAY_FUSED, _OTHER_BECOME_DENSE)]
-    try:
-        saved = _on_ranks(launch, _reference_on_rank, folder, world_size=2, what="saving the reference checkpoint")
-        results = _on_ranks(launch, _mixed_on_rank, reload, folder, [stay for stay, _ in layouts], world_size=2,
-                            what="reload on 2 ranks")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    reference = saved[0]["state"]
+    with other tables moving, of a second checkpoint (other table sizes, another step), and wants the same of it;
+    the answer may change neither its arguments nor the checkpoints."""
+    references, results = _reloads(_launch(launch), reload, _mixed_on_rank, 2, "reload on 2 ranks")
     for index, report in enumerate(results[0]):
-        stay, become = layouts[index]
-        _judge_mixed(report, reference, stay, become, other=index > 0)
+        stay, become = _MIXED_LAYOUTS[index]
+        _judge_mixed(report, references[index]["state"], stay, become, other=index > 0, saved_at=_CASES[index][1])
     passed("reload keeps every weight, the step, t_user's and t_item's Adagrad state and the dense part's Adam "
            "state, and starts Adam afresh for the two tables that left the fused kernel")
