@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import data
+from course_lib import collisions, data
 from course_lib.checks import lab10
 
 from conftest import rejects
@@ -212,28 +212,93 @@ def good_shard_of(ids, input_hash_size, world_size):
 
 def test_shard_of_passes_the_solution(capsys):
     lab10.check_shard_of(good_shard_of)
-    assert capsys.readouterr().out.startswith("✓")
+    assert capsys.readouterr().out.startswith("✓ shard_of sends every id where TorchRec's row-wise input distribution")
+
+
+def test_the_reference_is_torchrecs_own_routing():
+    # the check compares with TorchRec's bucketization (RwSparseFeaturesDist's block sizes, fbgemm's
+    # block_bucketize_sparse_features), not with a formula: the formula agrees with it on every case
+    for what, ids, hash_size, world in lab10._shard_cases():
+        owners = lab10.torchrec_owners(ids, hash_size, world)
+        assert torch.equal(owners, lab10.shard_of(ids, hash_size, world)), what
+    # hand-checked: blocks of 334 for 1,000 ids on 3 ranks; of 3 for 9 on 4 (the last rank owns none); of 1 for 3 on 5
+    assert lab10.torchrec_owners(torch.tensor([0, 333, 334, 667, 668, 999]), 1_000, 3).tolist() == [0, 0, 1, 1, 2, 2]
+    assert lab10.torchrec_owners(torch.arange(9), 9, 4).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert lab10.torchrec_owners(torch.arange(3), 3, 5).tolist() == [0, 1, 2]
+
+
+def test_torchrec_owners_is_where_a_real_sharded_table_keeps_the_ids():
+    # the consequence, measured: a 30-row managed-collision table sharded row-wise over 3 gloo ranks, with an
+    # input_hash_size 3 does not divide, keeps each id on the rank torchrec_owners names (and on no other)
+    from course_lib import launch
+
+    hash_size, world = 1_000, 3
+    ids = torch.cat([lab10._edges(hash_size, world), torch.randint(0, hash_size, (10,), generator=torch.Generator().manual_seed(5))])
+    parts = launch(collisions.sharded_residents, 30, "lru", hash_size, [[ids] * world], world_size=world, show_ranks=[])
+    owners = lab10.torchrec_owners(ids, hash_size, world)
+    for rank, part in enumerate(parts):
+        assert set(part["residents"]) == set(ids[owners == rank].tolist())
+    assert [int((owners == r).sum() > 0) for r in range(world)] == [1, 1, 1]
+
+
+def test_shard_of_cases_are_not_the_labs():
+    sizes = {(h, w) for _, _, h, w in lab10._shard_cases()}
+    assert not sizes & {(2**63 - 1, 2), (2**40, 2)}  # the two the lab runs
+    assert any(h % w for h, w in sizes) and any(h < w for h, w in sizes) and any(h == 2**63 - 1 for h, _ in sizes)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda ids, h, w: torch.div(ids, -(-h // w), rounding_mode="floor"),
+    lambda ids, h, w: [int(i) // ((h + w - 1) // w) for i in ids],  # a list of Python ints
+    lambda ids, h, w: (ids // -(-h // w)).int(),  # int32 ranks
+    lambda ids, h, w: torch.bucketize(ids, torch.arange(1, w) * -(-h // w), right=True),
+])
+def test_shard_of_passes_other_right_answers(answer):
+    lab10.check_shard_of(answer)
+
+
+def balanced_blocks(ids, h, w):  # tensor_split / np.array_split sizes: the first h % w blocks one longer
+    sizes = [h // w + (r < h % w) for r in range(w)]
+    starts = torch.tensor([sum(sizes[:r]) for r in range(1, w)], dtype=torch.long)
+    return torch.bucketize(ids, starts, right=True)
 
 
 @pytest.mark.parametrize("answer, reason", [
     (lambda ids, h, w: ids % w, "id % world_size"),
-    (lambda ids, h, w: torch.div(ids, h // w, rounding_mode="floor"), "ceil(input_hash_size / world_size)"),
+    # right only when world_size divides input_hash_size
+    (lambda ids, h, w: torch.div(ids, h // w, rounding_mode="floor"), "right only when world_size divides"),
     (lambda ids, h, w: torch.div(ids, h // w, rounding_mode="floor").clamp(max=w - 1), "disagrees with TorchRec"),
+    (balanced_blocks, "disagrees with TorchRec"),
+    (lambda ids, h, w: ids * w // h, "disagrees with TorchRec"),  # proportional: floor(id * w / h)
+    # the lab's sizes typed in
     (lambda ids, h, w: torch.div(ids * w, 2**40, rounding_mode="floor"), "disagrees"),  # assumes 40-bit ids
+    (lambda ids, h, w: ids // 2**39, "disagrees"),  # 2**40 on 2 ranks
+    (lambda ids, h, w: ids // -(-h // 2), "disagrees"),  # world_size ignored
     (lambda ids, h, w: torch.zeros_like(ids), "disagrees"),  # "everything is on rank 0", true only by default
     (lambda ids, h, w: (ids >= h // 2).long(), "disagrees"),  # two ranks only
     (lambda ids, h, w: ids[:1] // -(-h // w), "shape"),
+    (lambda ids, h, w: ids // max(1, -(-h // w)) if h > w else ids // 0, "raised"),  # no answer when h < w
     # float division: right on every small size, off by 171 ids per block near 2**63
     (lambda ids, h, w: ids // math.ceil(h / w), "divides in floating point"),
     (lambda ids, h, w: torch.floor(ids / -(-h // w)).long(), "divides in floating point"),
     (lambda ids, h, w: torch.div(ids, int(torch.tensor(h / w).ceil()), rounding_mode="floor"), "disagrees"),  # float32
+    # a float result where an int is required
+    (lambda ids, h, w: torch.floor(ids / -(-h // w)), "a rank is an integer"),
+    (lambda ids, h, w: (ids // -(-h // w)).double(), "a rank is an integer"),
+    (lambda ids, h, w: ids >= -(-h // w), "a rank is an integer"),  # bool
 ])
 def test_shard_of_rejects(answer, reason):
     rejects(lab10.check_shard_of, answer, match=reason)
 
 
-# ------------------------------------------------------------------------------------------ exercise 4
+def test_shard_of_says_where_the_ids_go():
+    message = rejects(lab10.check_shard_of, balanced_blocks, match="disagrees")
+    # 1,000 ids on 3 ranks: TorchRec's blocks are 334, 334, 332; balanced ones 334, 333, 333
+    assert "id 667: TorchRec sends it to rank 1, shard_of names rank 2" in message
+    assert "would be looked for on a rank whose map does not hold them" in message
 
+
+# ------------------------------------------------------------------------------------------ exercise 4
 
 
 def good_info_nce(a, b, t):
@@ -245,31 +310,72 @@ def test_info_nce_passes_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓ info_nce")
 
 
+def test_the_independent_reference_agrees_with_the_labs():
+    from course_lib.coldstart import reference_info_nce
+
+    for a, b, t in lab10._info_nce_cases():
+        assert t != 0.1 and len(a) != 512  # the lab's temperature and batch
+        assert math.isclose(float(lab10.independent_info_nce(a, b, t)), float(reference_info_nce(a, b, t)), rel_tol=1e-5)
+        x, y = a.clone().requires_grad_(), a.clone().requires_grad_()
+        lab10.independent_info_nce(x, b, t).backward()
+        reference_info_nce(y, b, t).backward()
+        assert torch.allclose(x.grad, y.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda a, b, t: (lambda s: (torch.logsumexp(s, 1) - s.diagonal()).mean())(
+        F.cosine_similarity(a[:, None], b[None], dim=2) / t),
+    lambda a, b, t: -torch.log_softmax(F.normalize(a, dim=1) @ F.normalize(b, dim=1).T / t, dim=1).diagonal().mean(),
+])
+def test_info_nce_passes_other_right_answers(answer):
+    lab10.check_info_nce(answer)
+
+
 def _sim(a, b):
     return F.normalize(a, dim=1) @ F.normalize(b, dim=1).T
+
+
+def info_nce_normalizing_in_place(a, b, t):  # the right value, but the caller's embeddings are now unit rows
+    a /= a.norm(dim=1, keepdim=True)
+    b /= b.norm(dim=1, keepdim=True)
+    return F.cross_entropy(a @ b.T / t, torch.arange(len(a)))
+
+
+def info_nce_through_data(a, b, t):  # .data: no autograd error, the caller's tensor changed all the same
+    a.data = F.normalize(a.data, dim=1)
+    return good_info_nce(a, b, t)
 
 
 @pytest.mark.parametrize("answer, reason", [
     (lambda a, b, t: F.cross_entropy(_sim(a, b), torch.arange(len(a))), "ignores the temperature"),
     (lambda a, b, t: F.cross_entropy(_sim(a, b) * t, torch.arange(len(a))), "multiplies by the temperature"),
+    (lambda a, b, t: good_info_nce(a, b, 0.1), "divides by 0.1, the lab's temperature, not by its argument (0.07)"),
     (lambda a, b, t: F.cross_entropy(_sim(a, b).T / t, torch.arange(len(a))), "transposed similarity"),
     (lambda a, b, t: F.cross_entropy(_sim(b, a) / t, torch.arange(len(a))), "transposed similarity"),
-    (lambda a, b, t: (F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)))
-                      + F.cross_entropy(_sim(a, b).T / t, torch.arange(len(a)))) / 2, "averages both directions"),
-    (lambda a, b, t: F.cross_entropy(a @ b.T / t, torch.arange(len(a))), "raw dot products"),
-    (lambda a, b, t: F.cross_entropy(F.normalize(a, dim=0) @ F.normalize(b, dim=0).T / t, torch.arange(len(a))),
-     "wrong axis (dim=0)"),
     # a softmax over each column is the transposed loss: the same mistake, the same message
     (lambda a, b, t: -torch.log_softmax(_sim(a, b) / t, dim=0).diagonal().mean(), "transposed similarity"),
+    (lambda a, b, t: (F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)))
+                      + F.cross_entropy(_sim(a, b).T / t, torch.arange(len(a)))) / 2, "averages both directions"),
+    # normalisation left out, one-sided, or along the wrong axis
+    (lambda a, b, t: F.cross_entropy(a @ b.T / t, torch.arange(len(a))), "raw dot products"),
+    (lambda a, b, t: F.cross_entropy(F.normalize(a, dim=1) @ b.T / t, torch.arange(len(a))), "normalizes id_emb only"),
+    (lambda a, b, t: F.cross_entropy(a @ F.normalize(b, dim=1).T / t, torch.arange(len(a))),
+     "normalizes content_emb only"),
+    (lambda a, b, t: F.cross_entropy(F.normalize(a, dim=0) @ F.normalize(b, dim=0).T / t, torch.arange(len(a))),
+     "wrong axis (dim=0)"),
+    # sum, not mean
     (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)), reduction="sum"), "sums over the rows"),
+    # labels: reversed, all zero, sized by the lab's batch or by the embedding width
     (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)).flip(0)), "labels reversed"),
     (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.zeros(len(a), dtype=torch.long)), "expected"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(512)), "one label per row of this batch"),
+    (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(a.shape[1])), "one label per row of this batch"),
+    # not a loss
     pytest.param(lambda a, b, t: float(good_info_nce(a, b, t)), "training needs a tensor",
                  marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")),
     (lambda a, b, t: good_info_nce(a, b, t).detach(), "no gradient"),
     (lambda a, b, t: F.cross_entropy(_sim(a, b) / t, torch.arange(len(a)), reduction="none"), "a loss is one number"),
     (lambda a, b, t: F.mse_loss(F.normalize(a, dim=1), F.normalize(b, dim=1)), "expected"),
-    (lambda a, b, t: good_info_nce(a, b, 0.1), "expected"),  # a temperature typed in
     (lambda a, b, t: (lambda s: (torch.logsumexp(s.masked_fill(torch.eye(len(a), dtype=torch.bool), float("-inf")), 1)
                                  - s.diagonal()).mean())(_sim(a, b) / t), "expected"),  # the positive left out of the denominator
     # the right value, the wrong gradients
@@ -279,6 +385,9 @@ def _sim(a, b):
                  marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")),
     (lambda a, b, t: F.cross_entropy((a / a.norm(dim=1, keepdim=True).detach()) @ (b / b.norm(dim=1, keepdim=True).detach()).T
                                      / t, torch.arange(len(a))), "gradient with respect to id_emb"),  # norms detached
+    # the caller's embeddings changed
+    (info_nce_normalizing_in_place, "info_nce changed its argument 1 (a torch.float32 tensor"),
+    (info_nce_through_data, "info_nce changed its argument 1 (a torch.float32 tensor"),
 ])
 def test_info_nce_rejects(answer, reason):
     rejects(lab10.check_info_nce, answer, match=reason)
