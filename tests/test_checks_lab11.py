@@ -1,61 +1,18 @@
 """Lab 11's checks pass the solutions and reject the mistakes a learner plausibly makes, each with its reason."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from course_lib import cheaper, data
+from course_lib import cheaper
 from course_lib.checks import lab11
 
 from conftest import rejects
 
 
-# ------------------------------------------------------------------------------------------ exercise 1: row bytes
-
-BITS = {"FP32": 32, "FP16": 16, "INT8": 8, "INT4": 4, "INT2": 2}
-
-
-def round_up(n, to):
-    return -(-n // to) * to
-
-
-def good_row_bytes(dim, precision):
-    return round_up(dim * BITS[precision] // 8 + (4 if precision.startswith("INT") else 0), 16)
-
-
-def test_row_bytes_passes_the_solution(capsys):
-    lab11.check_serving_row_bytes(good_row_bytes)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-@pytest.mark.parametrize(
-    "wrong, match",
-    [
-        (lambda d, p: d * BITS[p] // 8, "4-byte scale and bias"),                                      # no scale/bias, no padding
-        (lambda d, p: d * BITS[p] // 8 + (4 if p.startswith("INT") else 0), "unpadded"),      # no padding
-        (lambda d, p: round_up(d * BITS[p] // 8, 16), "4-byte scale and bias"),   # padding, no scale/bias
-        (lambda d, p: round_up(d * BITS[p] // 8 + (8 if p.startswith("INT") else 0), 16), "2 bytes each"),  # fp32 scale+bias
-        (lambda d, p: round_up(d * BITS[p] // 8 + (4 if p.startswith("INT") else 0), 8), "not 8"),  # wrong alignment
-        (lambda d, p: round_up(d * BITS[p] // 8 + 4, 16), "carry no scale or bias"),          # scale/bias on float rows
-        (lambda d, p: d * BITS[p], "bits, not bytes"),
-        (lambda d, p: round_up(d * (1 if p.startswith("INT") else BITS[p] // 8) + (4 if p.startswith("INT") else 0), 16),
-         "kernel stores"),                                                                   # every integer type as one byte
-        # fp32 rows taken as stored unpadded: right for every width that is a multiple of 4
-        (lambda d, p: d * 4 if p == "FP32" else round_up(d * BITS[p] // 8 + (4 if p.startswith("INT") else 0), 16),
-         "FP32 rows are padded"),
-        # a 2-byte scale and no bias: right wherever values + 4 and values + 2 round up to the same 16 bytes
-        (lambda d, p: round_up(d * BITS[p] // 8 + (2 if p.startswith("INT") else 0), 16), "returned 16; the kernel stores 32"),
-    ],
-)
-def test_row_bytes_rejects(wrong, match):
-    rejects(lab11.check_serving_row_bytes, wrong, match=match)
-
-
-def test_row_bytes_reports_an_error_as_text():
-    rejects(lab11.check_serving_row_bytes, lambda d, p: {"int8": 1}[p], match="raised KeyError")
-
-
-# ------------------------------------------------------------------------------------------ exercise 2: qcomm sharder
+# ------------------------------------------------------------------------------------------ exercise 1: qcomm sharder
 
 
 def sharder_from(forward, backward, lr, device, *, comm_ops=None, optimizer="rowwise", swap=False, fix_device="given"):
@@ -142,54 +99,21 @@ def test_qcomm_sharder_rejects_a_registry_for_the_wrong_precision():
     rejects(lab11.check_qcomm_sharder, lambda f, b, lr, d: sharder_from("FP16", "FP16", lr, d), match="expected")
 
 
-# ------------------------------------------------------------------------------------------ exercise 3: precisions
+def test_qcomm_sharder_rejects_a_hard_coded_precision_pair():
+    # the lab's FP16 / BF16 whatever it is asked
+    rejects(lab11.check_qcomm_sharder, lambda f, b, lr, d: sharder_from("FP16", "BF16", lr, d), match="the lab's pair")
 
 
-@pytest.fixture(scope="module")
-def served():
-    torch.set_num_threads(1)
-    log = data.make_click_log(data.ClickLogConfig(num_train=100_000, num_test=20_000))
-    return cheaper.train_reference(log), log
+def test_qcomm_sharder_rejects_a_cached_sharder():
+    cache = {}
+
+    def wrong(f, b, lr, d):  # the first call's sharder for every call
+        return cache.setdefault("sharder", sharder_from(f, b, lr, d))
+
+    rejects(lab11.check_qcomm_sharder, wrong, match="learning rate")
 
 
-NAMES = ["t_user", "t_item", "t_category", "t_terms"]
-
-
-def good_choice(budget):
-    if budget >= 770 * 32:
-        return {name: "INT4" for name in NAMES}
-    return {name: "INT2" if name == "t_user" else "INT4" for name in NAMES}
-
-
-def check(choice, served):
-    model, log = served
-    lab11.check_precision_choice(choice, model, log, (20_000, 30_000), 0.006)
-
-
-def test_precision_choice_passes_the_solution(served, capsys):
-    check(good_choice, served)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-@pytest.mark.parametrize(
-    "wrong, match",
-    [
-        (lambda b: {n: "FP32" for n in NAMES}, "takes 98,560 bytes"),       # no quantization
-        (lambda b: {n: "INT8" for n in NAMES}, "4-byte scale and bias"),    # INT8 thought to be 1 byte per value
-        (lambda b: {n: "INT4" for n in NAMES}, "takes 24,640 bytes"),       # budget ignored
-        (lambda b: {n: "INT2" for n in NAMES}, "margin"),                   # smallest everywhere: AUC falls
-        (lambda b: {n: "INT2" if n == "t_item" else "INT4" for n in NAMES}, "takes 21,440"),  # INT2 on the wrong table
-        (lambda b: {n: "INT2" for n in NAMES[:2]}, "tables are"),           # two tables left out
-        (lambda b: {n: "int4" for n in NAMES}, "unknown precision"),
-        (lambda b: {n: torch.quint4x2 for n in NAMES}, "unknown precision"),
-    ],
-)
-def test_precision_choice_rejects(served, wrong, match):
-    model, log = served
-    rejects(lab11.check_precision_choice, wrong, model, log, (20_000, 30_000), 0.006, match=match)
-
-
-# ------------------------------------------------------------------------------------------ exercise 4: dedup
+# ------------------------------------------------------------------------------------------ exercise 2: dedup
 
 
 def good_deduplicate(users, items):
@@ -270,3 +194,177 @@ def test_deduplicate_rejects_swapped_keys():
                                  inverse_indices=(["item", "user"], kjt.inverse_indices()[1]))
 
     rejects(lab11.check_deduplicate, wrong, match="in that order")
+
+
+def test_deduplicate_rejects_sorting_the_caller_s_users_in_place():
+    def wrong(users, items):  # sorts the caller's tensor, then deduplicates it
+        users.copy_(users.sort().values)
+        return good_deduplicate(users, items)
+
+    rejects(lab11.check_deduplicate, wrong, match="changed its argument 1")
+
+
+def test_deduplicate_rejects_changing_the_caller_s_items_in_place():
+    def wrong(users, items):
+        kjt = good_deduplicate(users, items)
+        items.zero_()
+        return kjt
+
+    rejects(lab11.check_deduplicate, wrong, match="changed its argument 2")
+
+
+# ------------------------------------------------------------------------------------------ exercise 3: row bytes
+
+BITS = {"FP32": 32, "FP16": 16, "INT8": 8, "INT4": 4, "INT2": 2}
+
+
+def round_up(n, to):
+    return -(-n // to) * to
+
+
+def good_row_bytes(dim, precision, row_alignment):
+    return round_up(dim * BITS[precision] // 8 + (4 if precision.startswith("INT") else 0), row_alignment)
+
+
+def test_row_bytes_passes_the_solution(capsys):
+    lab11.check_serving_row_bytes(good_row_bytes)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_the_measured_row_bytes_are_fbgemm_s_formula():
+    for alignment in lab11.ALIGNMENTS:
+        for (dim, precision), got in lab11.measured_row_bytes(lab11.ROW_CASES, alignment).items():
+            assert got == lab11._row_bytes(dim, precision, alignment), (dim, precision, alignment)
+
+
+def q(p):
+    return 4 if p.startswith("INT") else 0
+
+
+@pytest.mark.parametrize(
+    "wrong, match",
+    [
+        (lambda d, p, a: d * BITS[p] // 8, "padded to a multiple of row_alignment"),                              # no scale/bias, no padding
+        (lambda d, p, a: d * BITS[p] // 8 + q(p), "padded to a multiple"),                           # no padding
+        (lambda d, p, a: round_up(d * BITS[p] // 8, a), "an fp16 scale and an fp16 bias"),  # padding, no scale/bias
+        (lambda d, p, a: round_up(d * BITS[p] // 8 + 2 * q(p), a), "2 bytes each, 4 in all"),   # fp32 scale and bias
+        (lambda d, p, a: round_up(d * BITS[p] // 8 + q(p) // 2, a), "(some of) the 4 bytes"),      # a scale, no bias
+        (lambda d, p, a: round_up(d * BITS[p] // 8 + 4, a), "carry no scale or bias"),          # scale/bias on float rows
+        (lambda d, p, a: d * BITS[p], "bits, not bytes"),
+        (lambda d, p, a: round_up(d * (1 if p.startswith("INT") else BITS[p] // 8) + q(p), a), "values per byte"),
+        # the row alignment ignored: always the unsharded module's 16 (right for every case at 16)
+        (lambda d, p, a: round_up(d * BITS[p] // 8 + q(p), 16), "the padding is the argument's"),
+        # fp32 and fp16 rows taken as unpadded: right wherever dim x 4 (or 2) is a multiple of the alignment
+        (lambda d, p, a: d * BITS[p] // 8 if p.startswith("FP") else good_row_bytes(d, p, a), "padded to a multiple"),
+        # right at the lab's width only: a hard-coded table of the five rows of 32 values
+        (lambda d, p, a: {"FP32": 128, "FP16": 64, "INT8": 48, "INT4": 32, "INT2": 16}[p], "measures"),
+    ],
+)
+def test_row_bytes_rejects(wrong, match):
+    rejects(lab11.check_serving_row_bytes, wrong, match=match)
+
+
+def test_row_bytes_rejects_a_float():
+    rejects(lab11.check_serving_row_bytes, lambda d, p, a: float(good_row_bytes(d, p, a)), match="a number of bytes is an int")
+
+
+def test_row_bytes_reports_an_error_as_text():
+    rejects(lab11.check_serving_row_bytes, lambda d, p, a: {"int8": 1}[p], match="raised KeyError")
+
+
+# ------------------------------------------------------------------------------------------ exercise 4: precisions
+
+PRECISIONS = ["FP32", "FP16", "INT8", "INT4", "INT2"]
+TABLES = {"t_user": (500, 32), "t_item": (200, 32), "t_category": (20, 32), "t_terms": (50, 32)}
+# the lab's measured costs, rounded (one run; the check's own table sets carry their own)
+COST = {"t_user": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0, "INT2": 0.0033},
+        "t_item": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0, "INT2": 0.0058},
+        "t_category": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0, "INT2": 0.0010},
+        "t_terms": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0, "INT2": 0.0011}}
+BUDGET = 20_000
+
+
+def table_bytes(tables, choice, row_bytes=good_row_bytes):
+    return sum(rows * row_bytes(dim, choice[name], 16) for name, (rows, dim) in tables.items())
+
+
+def good_choice(tables, budget, cost, row_bytes=good_row_bytes):
+    fits = [dict(zip(tables, combo)) for combo in itertools.product(PRECISIONS, repeat=len(tables))]
+    fits = [choice for choice in fits if table_bytes(tables, choice, row_bytes) <= budget]
+    return min(fits, key=lambda choice: sum(cost[name][p] for name, p in choice.items()))
+
+
+def check(choice):
+    lab11.check_precision_choice(choice, TABLES, COST, BUDGET)
+
+
+def test_precision_choice_passes_the_solution(capsys):
+    check(good_choice)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_precision_choice_passes_any_least_cost_choice(capsys):
+    def most_bytes(tables, budget, cost):  # among the choices of least cost, the one with the most bytes
+        fits = [dict(zip(tables, combo)) for combo in itertools.product(PRECISIONS, repeat=len(tables))]
+        fits = [choice for choice in fits if table_bytes(tables, choice) <= budget]
+        return min(fits, key=lambda c: (round(sum(cost[n][p] for n, p in c.items()), 9), -table_bytes(tables, c)))
+
+    check(most_bytes)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def lab_answer(tables, budget, cost):  # the lab's answer, whatever it is asked
+    return {name: "INT2" if name == "t_user" else "INT4" for name in TABLES}
+
+
+def greedy(tables, budget, cost):
+    """Start in FP32; while over budget, lower the table whose next step saves the most bytes per cost."""
+    choice = {name: "FP32" for name in tables}
+    while table_bytes(tables, choice) > budget:
+        def gain(name):
+            step = PRECISIONS[PRECISIONS.index(choice[name]) + 1]
+            saved = tables[name][0] * (good_row_bytes(tables[name][1], choice[name], 16) - good_row_bytes(tables[name][1], step, 16))
+            return saved / (cost[name][step] - cost[name][choice[name]] + 1e-6)
+        name = max((n for n in tables if choice[n] != "INT2"), key=gain)
+        choice[name] = PRECISIONS[PRECISIONS.index(choice[name]) + 1]
+    return choice
+
+
+@pytest.mark.parametrize(
+    "wrong, match",
+    [
+        (lab_answer, "over the budget"),                                                  # hard-codes the lab's answer
+        (lambda t, b, c: {n: "INT2" for n in t}, "more than needed"),                    # always the smallest
+        (lambda t, b, c: {n: "INT4" for n in t}, "over the budget"),                     # one precision for all
+        (lambda t, b, c: good_choice(t, BUDGET, c), "over the budget"),                  # the lab's budget, not the argument
+        (lambda t, b, c: good_choice(t, b, {n: COST["t_user"] for n in t}), "more than needed"),  # the cost argument ignored
+        (lambda t, b, c: good_choice(t, b, c, row_bytes=lambda d, p, a: d * BITS[p] // 8), "over the budget"),  # values only
+        (lambda t, b, c: good_choice(t, b, c, row_bytes=lambda d, p, a: round_up(d * BITS[p] // 8, 16)), "over the budget"),
+        (greedy, "more than needed"),                                                    # a greedy search
+        (lambda t, b, c: {n: "int4" for n in t}, "unknown precision"),
+        (lambda t, b, c: {n: torch.quint4x2 for n in t}, "unknown precision"),
+        (lambda t, b, c: dict(list(good_choice(t, b, c).items())[:2]), "named the tables"),   # tables left out
+        (lambda t, b, c: list(good_choice(t, b, c).values()), "returned a list"),
+    ],
+)
+def test_precision_choice_rejects(wrong, match):
+    rejects(lab11.check_precision_choice, wrong, TABLES, COST, BUDGET, match=match)
+
+
+def test_precision_choice_rejects_an_answer_that_changes_the_costs():
+    def wrong(tables, budget, cost):
+        for name in cost:
+            cost[name].pop("FP32")  # "FP32 is never a choice under a budget"
+        return good_choice(tables, budget, {n: dict(c, FP32=1.0) for n, c in cost.items()})
+
+    rejects(lab11.check_precision_choice, wrong, dict(TABLES), {n: dict(c) for n, c in COST.items()}, BUDGET,
+            match="changed its argument 3")
+
+
+def test_precision_choice_rejects_an_answer_that_changes_the_tables():
+    def wrong(tables, budget, cost):
+        choice = good_choice(tables, budget, cost)
+        tables.clear()
+        return choice
+
+    rejects(lab11.check_precision_choice, wrong, TABLES, COST, BUDGET, match="changed its argument 1")
