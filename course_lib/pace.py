@@ -11,6 +11,7 @@ A lab's time is the sum of four parts, each counted from the solution notebook:
   each cell's start and end in ``metadata.execution``), measured, not estimated.
 
     python -m course_lib.pace              # the table, one row per solution notebook
+    python -m course_lib.pace --write      # and rewrite each header's "**Time:**" sentence from it
 
 ``tests/test_pace.py`` holds every header's "about N minutes" to this estimate.
 """
@@ -80,6 +81,34 @@ def pace(nb: NotebookNode) -> Pace:
     )
 
 
+TIME_SENTENCE = re.compile(r"\*\*Time:\*\*.*?\.(?=\s|$)", re.DOTALL)
+
+
+def _run_phrase(seconds: float) -> str:
+    if seconds < 60:
+        return "under a minute"
+    if seconds < 90:
+        return "about a minute"
+    return f"about {round(seconds / 60)} minutes"
+
+
+def time_sentence(p: Pace) -> str:
+    """The header's time sentence for a lab counted as `p`."""
+    return (f"**Time:** about {p.rounded()} minutes: reading about {round(p.reading + p.code)}, the "
+            f"{p.exercises} exercises about {round(p.exercising)}, and the cells ran in {_run_phrase(p.run_seconds)} "
+            "when this notebook was last executed on a 2-core machine (every lab is counted the same way: "
+            "`python -m course_lib.pace`).")
+
+
+def write_time(nb: NotebookNode) -> bool:
+    """Replace the first cell's time sentence with :func:`time_sentence`; return whether it changed."""
+    head = nb.cells[0]
+    new = TIME_SENTENCE.sub(lambda _: time_sentence(pace(nb)), head.source, count=1)
+    changed = new != head.source
+    head.source = new
+    return changed
+
+
 def stated_minutes(nb: NotebookNode) -> int | None:
     """The "**Time:** about N minutes" of the notebook's first cell, or None when it states none."""
     match = STATED.search(nb.cells[0].source) if nb.cells else None
@@ -98,7 +127,14 @@ def _cell_seconds(cell: NotebookNode) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.pace", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", default=sorted(str(p) for p in Path("solutions").glob("*.ipynb")))
+    parser.add_argument("--write", action="store_true", help="rewrite each header's time sentence from the count")
     args = parser.parse_args(argv)
+    if args.write:
+        for path in args.notebooks:
+            nb = nbformat.read(path, as_version=4)
+            if write_time(nb):
+                nbformat.write(nb, path)
+                print(f"wrote {path}")
     print(f"{'lab':<28}{'words':>7}{'code':>6}{'ex':>4}{'run s':>7}  reading+code+exercises+run = estimate  stated")
     for path in args.notebooks:
         nb = nbformat.read(path, as_version=4)
