@@ -209,6 +209,16 @@ def returns_the_first_batch_loss_forever(model, optimizer, batch, _first=[]):
     return _first[0]
 
 
+def scales_the_dense_features_in_place(model, optimizer, batch):
+    batch.dense_features.div_(batch.dense_features.abs().max())  # "normalise the inputs" on the caller's batch
+    return train_step(model, optimizer, batch)
+
+
+def casts_the_callers_labels(model, optimizer, batch):
+    batch.labels = batch.labels.float()
+    return train_step(model, optimizer, batch)
+
+
 def test_train_step_check_accepts_the_solution(capsys):
     lab04.check_train_step(train_step)
     assert capsys.readouterr().out.startswith("✓")
@@ -225,6 +235,8 @@ def test_train_step_check_accepts_the_solution(capsys):
         (returns_the_loss_after_the_update, "returned .* the batch's loss was"),
         (step_before_backward, "weights did not change"),
         (returns_the_first_batch_loss_forever, "step 2 returned .* the batch's loss was"),
+        (scales_the_dense_features_in_place, "train_step changed its argument 3 \\(a Batch\\) in place"),
+        (casts_the_callers_labels, "train_step changed its argument 3 \\(a Batch\\) in place"),
     ],
 )
 def test_train_step_check_rejects_wrong_answers(wrong, words):
