@@ -24,7 +24,7 @@ def _collision_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ("5 and 7 share row 1, 5 comes twice", torch.tensor([5, 5, 7, 9]), torch.tensor([1, 1, 1, 2])),
         ("no two ids share a row", torch.tensor([3, 8, 3, 8, 3]), torch.tensor([0, 4, 0, 4, 0])),
         ("three ids in one row, two alone", torch.tensor([10, 11, 12, 13, 14, 10]), torch.tensor([0, 0, 0, 1, 2, 0])),
-        ("600 impressions of 300 random 40-bit ids, rows = id % 97", ids, ids % 97),
+        ("1,200 impressions of 300 random 40-bit ids, rows = id % 97", ids, ids % 97),
     ]
 
 
