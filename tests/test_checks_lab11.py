@@ -57,6 +57,19 @@ def test_qcomm_sharder_rejects_a_device_left_out():
             match="another device")
 
 
+def test_qcomm_sharder_explains_a_device_passed_on_as_a_string():
+    def passes_the_string(forward, backward, lr, device):
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+        config = QCommsConfig(forward_precision=CommType[forward], backward_precision=CommType[backward])
+        registry = get_qcomm_codecs_registry(config, device=device)  # "cpu", not torch.device("cpu")
+        return EmbeddingBagCollectionSharder(fused_params={"learning_rate": lr}, qcomm_codecs_registry=registry)
+
+    message = rejects(lab11.check_qcomm_sharder, passes_the_string, match="raised AttributeError")
+    assert "torch.device(device)" in message
+
+
 def test_qcomm_sharder_rejects_a_device_hard_coded():
     rejects(lab11.check_qcomm_sharder, lambda f, b, lr, d: sharder_from(f, b, lr, d, fix_device="cpu"),
             match="another device")

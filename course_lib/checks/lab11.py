@@ -39,7 +39,10 @@ def check_qcomm_sharder(qcomm_sharder: Callable[[str, str, float, Any], Any]) ->
             raise
         except Exception as error:
             raise_if_unwritten(error)
+            string_device = isinstance(error, AttributeError) and "'str' object has no attribute" in str(error)
             fail(f"qcomm_sharder{(forward, backward, lr, device)} raised {one_line(error)}",
+                 "device arrives as a string ('cpu') and the registry reads device.type: pass "
+                 "torch.device(device) (and None as None)" if string_device else
                  "build the codecs with get_qcomm_codecs_registry(QCommsConfig(...), device=...)")
         finally:
             logging.disable(logging.NOTSET)
