@@ -352,6 +352,17 @@ def test_budget_check_rejects_tables_moved_off_the_fused_kernel():
         lab05.check_budget_choice(choose_the_dense_kernel)
 
 
+def choose_rowwise_or_give_up(budget_fraction):  # "nothing fits 1/32": the check reports it, without a TypeError
+    if 1 / 16 <= budget_fraction:
+        return rowwise_adagrad_sharder(0.1)
+    raise ValueError("no optimizer fits")
+
+
+def test_budget_check_reports_an_answer_that_raises_for_one_budget():
+    with pytest.raises(CheckFailed, match=r"choose_sharder\(1/32\) raised ValueError: no optimizer fits"):
+        lab05.check_budget_choice(choose_rowwise_or_give_up)
+
+
 def test_budget_check_accepts_the_solution(capsys):
     lab05.check_budget_choice(choose_by_budget)
     assert capsys.readouterr().out.startswith("✓")
