@@ -155,7 +155,8 @@ def _described(value: Any) -> str:
 
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'AEIOUaeiou' else 'a'} {name}"
 
 
 INPUT_CHANGED_HINT = (
