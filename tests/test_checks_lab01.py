@@ -219,6 +219,13 @@ def test_mean_check_rejects_wrong_answers(wrong, words):
         lab01.check_global_mean(wrong)
 
 
+def mean_by_gathering_pairs(x):  # one collective, two numbers a rank, but every rank adds up everyone's pairs
+    pairs = torch.empty(2 * dist.get_world_size())
+    dist.all_gather_into_tensor(pairs, torch.stack([x.sum(), torch.tensor(float(x.numel()))]))
+    total = pairs.view(-1, 2).sum(0)
+    return (total[0] / total[1]).item()
+
+
 def mean_by_gathering_values(x):
     everything = [None] * dist.get_world_size()
     dist.all_gather_object(everything, x.tolist())
@@ -241,7 +248,8 @@ def mean_returns_the_pair(x):
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (mean_by_gathering_values, r"used all_gather_object: every rank received every rank's data"),
+        (mean_by_gathering_values, r"used all_gather_object: every rank received what every rank sent and combined it itself"),
+        (mean_by_gathering_pairs, r"used all_gather_into_tensor: every rank received what every rank sent and combined it itself"),
         (mean_reduced_to_rank_0, r"rank 1 returned"),
         (mean_returns_the_pair, r"return one number"),
     ],

@@ -379,7 +379,8 @@ def check_global_mean(
                 )
             if calls[0] != "all_reduce":
                 fail(
-                    f"right answer, but rank {rank} used {calls[0]}: every rank received every rank's data",
+                    f"right answer, but rank {rank} used {calls[0]}: every rank received what every rank sent and "
+                    "combined it itself, p times the data of a collective that combines the contributions on the way",
                     "two numbers per rank are enough: all-reduce torch.stack([x.sum(), count]) and divide",
                 )
     passed("global_mean gives every rank the mean of all values on 2 and 3 ranks, with one collective")
