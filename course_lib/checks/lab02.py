@@ -1,4 +1,4 @@
-"""Checks for 02_embeddings: build a KJT from samples, compute an EBC's output width, fix SimpleRecModel."""
+"""Checks for 02_embeddings: build a KJT from samples, compute an EBC's output width, choose the word tables, fix SimpleRecModel."""
 from __future__ import annotations
 
 import copy
@@ -149,7 +149,7 @@ def check_pooled_width(pooled_width: Callable[[list[EmbeddingBagConfig]], Any]) 
     passed("pooled_width matches a real EmbeddingBagCollection's output width on 4 sets of tables")
 
 
-# ------------------------------------------------------------------------------------------ exercise 3
+# ----------------------------------------------------------------------------------------- exercise 4 · fix the model
 
 SEED_FEATURES = ("user_id", "item_id")
 
@@ -279,7 +279,7 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
     passed("the fixed model maps batches of 3 and 2 to [B, 1], and gradients reach both tables")
 
 
-# ------------------------------------------------------------------------------------------ exercise 4
+# ------------------------------------------------------------------------------------------- exercise 3 · word tables
 
 WORD_FEATURES = ("query", "title")
 # (vocab_size, dim, budget_bytes): the lab's case first, then fresh ones; in the last, two tables fit too.
