@@ -96,7 +96,8 @@ def tp_plan() -> dict[str, Any]:
 
     q, k, v and w1 split their output features (column-wise: each rank computes some heads, some hidden
     units); wo and w2 split their input features (row-wise) and all-reduce their outputs, so each
-    attention and each feed-forward costs one all-reduce forward and one backward.
+    attention and each feed-forward costs one all-reduce in the forward; in the backward each column-wise
+    layer all-reduces its input's gradient (q, k, v and w1: 4 per block).
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 

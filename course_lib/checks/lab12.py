@@ -213,7 +213,7 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
                  "each tensor-parallel rank computes whole heads")
         if tp > per_host:
             fail(f"choose_mesh returned {got} for {what}: tp={tp} spans hosts ({per_host} ranks per host)",
-                 "TP all-reduces twice per block, forward and backward: keep it on the fast links inside a host")
+                 "TP all-reduces activations in every block, 2 times in the forward and 4 in the backward: keep it on the fast links inside a host")
         if per_host % tp:
             fail(f"choose_mesh returned {got} for {what}: tp={tp} is no more than a host's {per_host} ranks, but tp groups "
                  f"take consecutive ranks, so the group {', '.join(map(str, range(per_host - per_host % tp, per_host - per_host % tp + tp)))} "
