@@ -230,7 +230,9 @@ class Estimates:
     ``callbacks`` is the planner's public hook: each is called with the chosen ``ShardingOption``s.
     Times are the planner's perf model (lookup compute and communication at the topology's bandwidths,
     for its default batch size), in milliseconds; storage includes the planner's allowance for
-    input/output buffers and optimizer state, so it is more than the parameter bytes.
+    input/output buffers, and optimizer state only for a table whose optimizer the planner was told of
+    (``apply_optimizer_in_backward`` records it; fused_params alone do not), so it is more than the
+    parameter bytes.
     """
 
     def __init__(self) -> None:
