@@ -177,7 +177,8 @@ PACKAGES = ("torch", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec")
 
 
 def broken_machines() -> dict[str, EnvFacts]:
-    """Broken installs to repair: the three laptops of exercise 1, and three more (two GPU nodes), by label."""
+    """Broken installs to repair, by label: laptops A and B of exercise 1, a laptop with the newest torchrec (D),
+    and two 8-GPU nodes (E, F)."""
     reports = broken_reports()
     return {
         "A (laptop)": reports["A"].facts,
