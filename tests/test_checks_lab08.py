@@ -125,6 +125,21 @@ def test_app_state_check_accepts_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+class KeysOfItsOwn(AppState):  # "under keys of your choice": DMP prefixes the model's dict in place under any key
+    def state_dict(self):
+        return {"weights": self.model.state_dict(), "optim": self.optimizer.state_dict(), "global_step": self.step}
+
+    def load_state_dict(self, state_dict):
+        self.model.load_state_dict(state_dict["weights"])
+        self.optimizer.load_state_dict(state_dict["optim"])
+        self.step = state_dict["global_step"]
+
+
+def test_app_state_check_accepts_keys_of_the_answers_choice(capsys):
+    lab08.check_app_state(KeysOfItsOwn)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [

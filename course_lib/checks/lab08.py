@@ -205,14 +205,21 @@ def _change(before: Any, after: Any, where: str = "") -> str | None:
     return None if before is after or before == after else f"{name} was set to {after!r} (was {before!r})"
 
 
-def _without_ddp_prefix(app_state: Any) -> Any:
-    """`app_state` with its model state dict's keys as they were: torchrec's DMP.load_state_dict prefixes every
-    key of the dict it is given with "module." in place, for its DDP wrapper (``add_prefix_to_state_dict`` in
-    torchrec/distributed/utils.py), which is the library's doing, not the answer's."""
-    if not isinstance(app_state, Mapping) or not isinstance(app_state.get("model"), Mapping):
+def _without_ddp_prefix(app_state: Any, handed: Any) -> Any:
+    """`app_state` with the keys of each state dict in it as they were in `handed` (the copy taken before the
+    call): torchrec's DMP.load_state_dict prefixes every key of the dict it is given with "module." in place,
+    for its DDP wrapper (``add_prefix_to_state_dict`` in torchrec/distributed/utils.py), which is the library's
+    doing, not the answer's, under whichever key the answer keeps the model's state."""
+    if not isinstance(app_state, Mapping) or not isinstance(handed, Mapping):
         return app_state
-    model = {key.removeprefix("module."): value for key, value in app_state["model"].items()}
-    return {**app_state, "model": model}
+    out = {}
+    for key, value in app_state.items():
+        before = handed.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping) and not any(
+                str(k).startswith("module.") for k in before):
+            value = {k.removeprefix("module.") if isinstance(k, str) else k: v for k, v in value.items()}
+        out[key] = value
+    return out
 
 
 def _fingerprint(folder: str) -> dict[str, str]:
@@ -299,7 +306,7 @@ def _app_state_on_rank(app_state_class: type, folder: str) -> dict[str, Any]:
     except _ERRORS as error:
         report["fresh_error"] = _first_line(error)
         return report
-    report["fresh_changed"] = _change(handed, _without_ddp_prefix(state["app"]))  # the caller's: read, not consumed
+    report["fresh_changed"] = _change(handed, _without_ddp_prefix(state["app"], handed))  # the caller's: read, not consumed
     report["fresh_differences"] = _differences(_state(fresh_model, fresh_optimizer), saved)
     report["fresh_step"] = fresh.step
     return report
