@@ -9,6 +9,7 @@ CUDA ?=
 # Empty: tools/setup_venv.sh takes the newest of python3.13, python3.12, python3.11 on PATH.
 PYTHON ?=
 LAB_PORT ?= 8888
+LAB_IP ?= 127.0.0.1
 LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -19,7 +20,7 @@ setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
 
 lab: setup
-	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
+	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest -rs

@@ -57,6 +57,21 @@ def test_the_build_context_leaves_out_machine_local_files():
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     assert {".venv", ".git"} <= set(ignored)
 
+    def entries(text: str) -> set[str]:  # "/.whl/", "**/__pycache__" and "__pycache__/" name the same thing
+        lines = (line.strip() for line in text.splitlines())
+        return {line.removeprefix("**/").strip("/") for line in lines if line and not line.startswith(("#", "!"))}
+
+    # whatever git leaves out as machine-local (wheel caches, Slurm logs, reports) stays out of the image too
+    missing = entries((REPO / ".gitignore").read_text()) - entries("\n".join(ignored))
+    assert not missing, f".gitignore leaves out {sorted(missing)}, .dockerignore sends them into the image"
+
+
+def test_make_lab_answers_on_loopback_unless_told():
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^LAB_IP \?= 127\.0\.0\.1$", makefile, re.M)  # a laptop's server is not on the network
+    lab = re.search(r"^lab: setup\n\t(.*)$", makefile, re.M).group(1)
+    assert "--ServerApp.ip=$(LAB_IP)" in lab.split()
+
 
 def test_the_devcontainer_builds_a_stage_of_the_same_recipe_and_forwards_the_lab_port():
     config = devcontainer()
