@@ -256,6 +256,12 @@ def install_for_eight_gpus(facts):  # the lab's GPU nodes have 8 GPUs
     return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
 
 
+def install_for_several_gpus(facts):  # a GPU node is taken to have several GPUs: one is not enough
+    if facts.gpu_count > 1:
+        return {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
+    return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
+
+
 def install_keeping_the_build(facts):  # only the versions move: the machine's torch build (+cpu / +cu126) stays
     build = facts.torch_version.partition("+")[2]
     fbgemm = "fbgemm-gpu" if build.startswith("cu") else "fbgemm-gpu-cpu"
@@ -268,6 +274,7 @@ def install_keeping_the_build(facts):  # only the versions move: the machine's t
         (install_by_torch_build, "machine G (laptop with the CUDA torch"),
         (install_for_eight_gpus, "machine H (GPU node with 4 GPUs"),
         (install_keeping_the_build, "machine G (laptop with the CUDA torch"),
+        (install_for_several_gpus, "machine I (workstation with one GPU"),
     ],
 )
 def test_install_plan_check_repairs_machines_beyond_the_labs_list(wrong, words):
@@ -413,7 +420,7 @@ def test_install_plan_check_rejects_an_answer_that_changes_the_facts():
 def test_the_check_hands_each_machine_unchanged_to_the_next_call():
     seen = []
     lab00.check_install_plan(lambda facts: seen.append(facts) or install_plan(facts))
-    assert all(lab00.impossible(f) == [] for f in seen) and len(seen) == 7
+    assert all(lab00.impossible(f) == [] for f in seen) and len(seen) == 8
 
 
 def test_install_plan_check_rejects_versions_that_are_not_strings():

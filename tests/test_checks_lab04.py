@@ -219,6 +219,55 @@ def casts_the_callers_labels(model, optimizer, batch):
     return train_step(model, optimizer, batch)
 
 
+def returns_the_loss_tensor(model, optimizer, batch):
+    optimizer.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def steps_an_optimizer_of_its_own(model, optimizer, batch):
+    own = torch.optim.SGD(model.parameters(), lr=optimizer.param_groups[0]["lr"])
+    own.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    own.step()
+    return loss.item()
+
+
+def updates_the_weights_by_hand(model, optimizer, batch):
+    lr = optimizer.param_groups[0]["lr"]
+    model.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+    return loss.item()
+
+
+def sets_the_learning_rate(model, optimizer, batch):
+    for group in optimizer.param_groups:
+        group["lr"] = 0.1
+    return train_step(model, optimizer, batch)
+
+
+def steps_with_a_closure(model, optimizer, batch):  # right, if unusual
+    def closure():
+        optimizer.zero_grad()
+        loss, _ = model(batch)
+        loss.backward()
+        return loss
+    return optimizer.step(closure).item()
+
+
+def test_train_step_check_accepts_a_closure(capsys):
+    lab04.check_train_step(steps_with_a_closure)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def test_train_step_check_accepts_the_solution(capsys):
     lab04.check_train_step(train_step)
     assert capsys.readouterr().out.startswith("✓")
@@ -237,6 +286,10 @@ def test_train_step_check_accepts_the_solution(capsys):
         (returns_the_first_batch_loss_forever, "step 2 returned .* the batch's loss was"),
         (scales_the_dense_features_in_place, "train_step changed its argument 3 \\(a Batch\\) in place"),
         (casts_the_callers_labels, "train_step changed its argument 3 \\(a Batch\\) in place"),
+        (returns_the_loss_tensor, "returned a tensor"),
+        (steps_an_optimizer_of_its_own, "the optimizer it was given never stepped"),
+        (updates_the_weights_by_hand, "the optimizer it was given never stepped"),
+        (sets_the_learning_rate, "changed the learning rate of the optimizer it was given"),
     ],
 )
 def test_train_step_check_rejects_wrong_answers(wrong, words):

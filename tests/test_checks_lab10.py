@@ -131,11 +131,13 @@ def test_table_choice_passes_the_solution(log, capsys):
     out = capsys.readouterr().out
     assert out.startswith("✓ within the budget, every byte counted, and the margin: 12,288 bytes: modulo, 384 rows")
     assert "16,384 bytes: modulo, 512 rows" in out
+    assert "9,240 bytes: modulo, 288 rows" in out
 
 
 def test_the_best_option_is_modulo_at_both_budgets(log):
     # the consequence the check judges by: no managed-collision table that fits comes near modulo's AUC
-    for budget in (BUDGET, BUDGET * 4 // 3):
+    small = BUDGET * 3 // 4 + 24  # the check's third budget: 288.75 fp32 rows
+    for budget in (BUDGET, BUDGET * 4 // 3, small):
         policy, rows, best = lab10.best_choice(log, budget)
         assert (policy, rows) == ("modulo", budget // 32)
         others = [lab10.mean_auc(log, lab10.most_rows(budget, p), p)[0] for p in lab10.OPTIONS[1:]
@@ -185,6 +187,14 @@ def test_over_budget_says_by_how_many_bytes(log):
                       match="over the budget")
     held = lab10.held_bytes(288, "distance_lfu")  # the small budget, 9,240 bytes, is asked first
     assert f"{held:,} bytes per table" in message and f"{held - 9_240:,} bytes over the budget of 9,240" in message
+
+
+def test_table_choice_judges_the_smaller_budget_too(log):
+    # right at the lab's budget and a third more, and only a token table below them
+    def two_budgets_typed_in(b):
+        return {"rows": {BUDGET: BUDGET // 32, BUDGET * 4 // 3: BUDGET * 4 // 3 // 32}.get(b, 2), "policy": "modulo"}
+
+    rejects(lab10.check_table_choice, two_budgets_typed_in, log, BUDGET, MARGIN, match="has room for")
 
 
 @pytest.mark.parametrize("choose, hint", [
@@ -287,6 +297,8 @@ def balanced_blocks(ids, h, w):  # tensor_split / np.array_split sizes: the firs
     (lambda ids, h, w: torch.floor(ids / -(-h // w)), "a rank is an integer"),
     (lambda ids, h, w: (ids // -(-h // w)).double(), "a rank is an integer"),
     (lambda ids, h, w: ids >= -(-h // w), "a rank is an integer"),  # bool
+    # the range read off the ids instead of the argument: right whenever the largest id is the range's last
+    (lambda ids, h, w: ids // -(-(int(ids.max()) + 1) // w), "disagrees"),
 ])
 def test_shard_of_rejects(answer, reason):
     rejects(lab10.check_shard_of, answer, match=reason)

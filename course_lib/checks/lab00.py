@@ -193,10 +193,10 @@ def broken_machines() -> dict[str, EnvFacts]:
 
 
 def _fresh_machines() -> dict[str, EnvFacts]:
-    """Two more broken machines the check repairs after :func:`broken_machines`, not shown in the lab: a plan
+    """Three more broken machines the check repairs after :func:`broken_machines`, not shown in the lab: a plan
     must follow from the facts (GPUs or none), not from the torch build a machine happens to have (G's CUDA
-    torch has NCCL but sees no GPU), nor from the lab's 8-GPU nodes, nor from the core count (G, a laptop, has
-    more cores than H, a GPU node)."""
+    torch has NCCL but sees no GPU), nor from the lab's 8-GPU nodes or several GPUs (I has one), nor from the
+    core count (G, a laptop, has more cores than H and I, which have GPUs)."""
     return {
         "G (laptop with the CUDA torch a plain `pip install torch` brings, newest torchrec; not in the lab's list)": _machine(
             HEALTHY_LAPTOP, torch_version="2.13.0+cu126", torch_cuda="12.6", fbgemm_gpu_version="1.8.0",
@@ -205,6 +205,10 @@ def _fresh_machines() -> dict[str, EnvFacts]:
         ),
         "H (GPU node with 4 GPUs, old torchrec; not in the lab's list)": _machine(
             GPU_NODE, gpu_count=4, torchrec_version="1.7.0", cpu_count=12,
+        ),
+        # one GPU is a GPU: a plan that waits for several (gpu_count > 1, >= 4) leaves this one on a CPU torch
+        "I (workstation with one GPU and both fbgemm builds; not in the lab's list)": _machine(
+            GPU_NODE, gpu_count=1, fbgemm_gpu_cpu_version="1.8.0", cpu_count=8,
         ),
     }
 
@@ -278,7 +282,7 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
     """`install_plan(facts)` says which packages a broken machine should end up with; the check installs them
     in simulation (:func:`after_install`), re-runs the doctor with the group the machine must start (NCCL on a
     GPU node, gloo on a laptop), and wants no error and no warning, on every machine of :func:`broken_machines`
-    and of :func:`_fresh_machines` (two the lab does not show)."""
+    and of :func:`_fresh_machines` (three the lab does not show)."""
     from course_lib.checks import one_line
 
     for label, facts in {**broken_machines(), **_fresh_machines()}.items():

@@ -210,8 +210,12 @@ def check_train_step(train_step: Callable[[Any, Any, Any], Any]) -> None:
     model = copy.deepcopy(reference)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    steps = [0]
+    optimizer.register_step_post_hook(lambda *_: steps.__setitem__(0, steps[0] + 1))
     for i, batch in enumerate(batches):
         before = [p.detach().clone() for p in model.parameters()]
+        rates = [group["lr"] for group in optimizer.param_groups]
+        stepped = steps[0]
         try:  # the batch is the caller's: the reference step below trains on it too
             got = checked_call("train_step", train_step, model, optimizer, batch)
         except CheckFailed:
@@ -226,15 +230,28 @@ def check_train_step(train_step: Callable[[Any, Any, Any], Any]) -> None:
             )
             fail(f"train_step raised {type(error).__name__}: {message}", hint)
         want = training.train_step(reference, reference_optimizer, batch)
+        if isinstance(got, torch.Tensor):
+            fail(f"train_step returned a tensor ({got!r}), not a number: a caller that keeps every step's loss keeps "
+                 "every step's graph alive (or, detached, a tensor where a float was asked for)",
+                 "return the batch's loss as a Python number: loss.item()")
         try:
             got_loss = float(got)
         except (TypeError, ValueError):
             fail(f"train_step returned {got!r}", "return the batch's loss as a number: loss.item()")
+        if [group["lr"] for group in optimizer.param_groups] != rates:
+            fail(f"step {i + 1}: train_step changed the learning rate of the optimizer it was given "
+                 f"({rates} -> {[group['lr'] for group in optimizer.param_groups]})",
+                 "the optimizer comes configured: step it as it is")
         if all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())):
             fail(
                 f"step {i + 1}: the weights did not change",
                 "call optimizer.step() after loss.backward() (and zero the gradients before backward, not after)",
             )
+        if steps[0] == stepped:
+            fail(f"step {i + 1}: the optimizer it was given never stepped: train_step updated the weights some other way "
+                 "(an optimizer of its own, or p -= lr * p.grad), which the lab's combined optimizer (fused tables + "
+                 "Adam) does not allow",
+                 "call optimizer.step() on the optimizer you are handed, after loss.backward()")
         difference = _max_difference(model, reference)
         if difference > 1e-5:
             if i == 0:

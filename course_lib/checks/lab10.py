@@ -250,9 +250,9 @@ def check_table_choice(
     `budget_bytes` each, every byte counted (`held_bytes`: the weights and every buffer of the module), whose
     mean AUC is within `margin` of the best option that fits.
 
-    The check asks for the lab's budget and for a third more, measures the bytes each answer holds, trains
-    the lab's model with it, and compares with each option given as many rows as fit. It also asks for a
-    smaller budget that is not a whole number of fp32 rows, and checks only that the table fits it.
+    The check asks for the lab's budget, for a third more and for a quarter less (a budget that is not a whole
+    number of fp32 rows), measures the bytes each answer holds, trains the lab's model with it, and compares
+    with each option given as many rows as fit.
     """
 
     def ask(budget: int) -> Any:
@@ -268,7 +268,7 @@ def check_table_choice(
     fixed_rows = len({rows for rows, _ in valid.values()}) == 1
     _over_budget(*valid[small], small, fixed_rows)
     lines = [_judge_choice(answers[budget], log, budget, margin, fixed_rows)
-             for budget in (budget_bytes, budget_bytes * 4 // 3)]
+             for budget in (budget_bytes, budget_bytes * 4 // 3, small)]
     passed("within the budget, every byte counted, and the margin: " + "; ".join(lines))
 
 
@@ -341,6 +341,8 @@ def _shard_cases() -> list[tuple[str, torch.Tensor, int, int]]:
         # the module's default: 40-bit ids all on rank 0; and ids at the edges of its blocks, where a block
         # computed in floating point (53 bits) is 171 ids short
         ("the default input_hash_size, 2**63 - 1, on 3 ranks", ids(2**40, 64, 2**63 - 1, 3), 2**63 - 1, 3),
+        # ids that stop well short of the range: the range is the argument, not what the ids span
+        ("ids below 400 of a range of 1,000 on 3 ranks", torch.arange(0, 400, 7), 1_000, 3),
     ]
 
 
@@ -404,7 +406,7 @@ def check_shard_of(shard_of_answer: Callable[[torch.Tensor, int, int], Any]) -> 
              "[0, input_hash_size), so the last ranks may own fewer ids or none (RwSparseFeaturesDist in "
              "torchrec/distributed/sharding/rw_sharding.py)")
     passed(f"shard_of sends every id where TorchRec's row-wise input distribution does ({len(cases)} cases: "
-           "uneven blocks, a range smaller than the world, block edges, the 63-bit default)")
+           "uneven blocks, a range smaller than the world, block edges, ids short of the range, the 63-bit default)")
 
 
 # ------------------------------------------------------------------------------------------ exercise 4
