@@ -407,6 +407,30 @@ def test_nccl_launch_on_gpus():
     assert launch(on_gpu, backend="nccl") == [("cuda:0", 2.0), ("cuda:1", 2.0)]
 
 
+def test_the_fork_server_asks_about_cuda_without_starting_it():
+    # torchrec's import calls torch.cuda.is_available() in the server; only the NVML route keeps a CUDA build's
+    # driver unstarted there, so that the ranks it forks can still take a GPU
+    import os
+
+    assert launch(lambda: os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"), world_size=1) == ["1"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPUS, reason="needs 2 CUDA GPUs for NCCL")
+def test_nccl_launches_in_a_row_from_the_torchrec_server():
+    # the first launch that uses torchrec starts the server that preloads it; the ones after fork from it
+    def on_gpu():
+        import torch, torch.distributed as dist
+        import torchrec  # noqa: F401
+
+        t = torch.ones(1, device=f"cuda:{dist.get_rank()}")
+        dist.all_reduce(t)
+        return t.item()
+
+    for _ in range(3):
+        assert launch(on_gpu, backend="nccl") == [2.0, 2.0]
+
+
 # ------------------------------------------------------------------------------------ beyond one node
 
 

@@ -1,8 +1,9 @@
 """The preloading fork server behind ``launch(start_method="forkserver")``.
 
 It imports the modules named on its command line once (torch; torchrec for the full server), says
-"ready", then forks ranks on request: the ranks start with those imports paid for. It never touches CUDA,
-so the ranks it forks may still use it. The launcher keeps one per kernel (see course_lib.launcher.launch).
+"ready", then forks ranks on request: the ranks start with those imports paid for. It does not start CUDA
+(the launcher sets PYTORCH_NVML_BASED_CUDA_CHECK=1, so torchrec's torch.cuda.is_available() asks NVML), so the
+ranks it forks may still use it. The launcher keeps one per kernel (see course_lib.launcher.launch).
 
 Protocol, one JSON object per line. Parent -> server on stdin:
     {"cmd": "spawn", "workdir": DIR, "ranks": [0, 1]}

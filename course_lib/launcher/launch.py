@@ -303,6 +303,10 @@ class _ForkServer:
         self.preload = tuple(preload)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # importing torchrec asks torch.cuda.is_available() (fbgemm_gpu/__init__.py); on a CUDA build that starts
+        # the CUDA driver in the server, and a rank forked from it could not use a GPU. Asked through NVML, the
+        # question leaves CUDA untouched ("will NOT poison fork", torch.cuda.is_available's docstring)
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "course_lib.launcher._zygote", *self.preload],
             stdin=subprocess.PIPE,
