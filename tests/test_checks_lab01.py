@@ -453,3 +453,115 @@ def test_answers_that_change_their_input_are_rejected(check, wrong):
     with pytest.raises(CheckFailed, match=r"changed its argument 1 \(a torch\.\w+ tensor of shape .*\) in place") as failure:
         check(wrong)
     assert "work on a copy" in failure.value.hint
+
+
+# ------------------------------------------------------------------ more wrong answers (a second adversarial review)
+
+
+def route_for_ten_rows(ids, num_rows):  # the lab's 10 rows typed in
+    return route_solution(ids, 10)
+
+
+def route_rows_from_the_ids(ids, num_rows):  # the range read off the largest id anywhere: 10 rows in both lab cases
+    top = ids.max().reshape(1) if ids.numel() else torch.zeros(1, dtype=ids.dtype)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return route_solution(ids, int(top) + 1)
+
+
+def route_everything_then_filter(ids, num_rows):  # every id to every rank by all-to-all, each keeps its own
+    world, rank = dist.get_world_size(), dist.get_rank()
+    counts = torch.full((world,), ids.numel(), dtype=torch.int64)
+    received_counts = torch.empty_like(counts)
+    dist.all_to_all_single(received_counts, counts)
+    received = torch.empty(int(received_counts.sum()), dtype=ids.dtype)
+    dist.all_to_all_single(received, ids.repeat(world), received_counts.tolist(), counts.tolist())
+    return received[received // math.ceil(num_rows / world) == rank]
+
+
+def route_as_int32(ids, num_rows):
+    return route_solution(ids, num_rows).to(torch.int32)
+
+
+def mean_typed_in(x):  # the lab prints every rank's values: the two means worked out by hand
+    dist.all_reduce(torch.zeros(1))
+    return {2: 14 / 8, 3: 32 / 11}[dist.get_world_size()]
+
+
+def slice_by_all_to_all_of_whole_tensors(x):  # "send my x to everyone, sum what arrives, keep my slice"
+    p, r = dist.get_world_size(), dist.get_rank()
+    received = torch.empty(p * x.numel(), dtype=x.dtype)
+    dist.all_to_all_single(received, x.repeat(p))
+    return torch.tensor_split(received.reshape(p, -1).sum(0), p)[r]
+
+
+def slice_by_reduce_scatter_of_whole_copies(x):  # an all-reduce in disguise, then the slice
+    p = dist.get_world_size()
+    out = torch.empty_like(x)
+    dist.reduce_scatter(out, [x.clone() for _ in range(p)])
+    return torch.tensor_split(out, p)[dist.get_rank()]
+
+
+def slice_as_long(x):
+    return slice_by_reduce_scatter(x).long()
+
+
+@pytest.mark.parametrize(
+    "check, wrong, words",
+    [
+        (lab01.check_route_ids, route_for_ten_rows, "on 3 ranks"),
+        (lab01.check_route_ids, route_rows_from_the_ids, "on 3 ranks"),
+        (lab01.check_route_ids, route_everything_then_filter, "went to ranks that do not own them"),
+        (lab01.check_route_ids, route_as_int32, "torch.int32 ids"),
+        (lab01.check_global_mean, mean_typed_in, "on 2 ranks, rank 0 returned 1.75"),
+        (lab01.check_slice_of_sum, slice_by_all_to_all_of_whole_tensors, "every rank was sent whole tensors"),
+        (lab01.check_slice_of_sum, slice_by_reduce_scatter_of_whole_copies, "every rank was sent whole tensors"),
+        (lab01.check_slice_of_sum, slice_as_long, "torch.int64 values from a torch.float32 tensor"),
+    ],
+)
+def test_checks_reject_answers_right_only_on_the_labs_examples_or_at_a_hidden_cost(check, wrong, words):
+    rejects(check, wrong, match=words)
+
+
+def slice_by_padded_reduce_scatter(x):  # FSDP's way: pad every slice to the largest, reduce-scatter, trim
+    p, r = dist.get_world_size(), dist.get_rank()
+    slices = torch.tensor_split(x, p)
+    width = max(s.numel() for s in slices)
+    padded = torch.cat([torch.nn.functional.pad(s, (0, width - s.numel())) for s in slices])
+    out = torch.empty(width, dtype=x.dtype)
+    dist.reduce_scatter_tensor(out, padded)
+    return out[: slices[r].numel()]
+
+
+def route_with_positions(ids, num_rows):  # right, if wasteful: each id's position travels beside it
+    world = dist.get_world_size()
+    owner = ids // math.ceil(num_rows / world)
+    order = torch.argsort(owner, stable=True)
+    send_counts = torch.bincount(owner, minlength=world)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    received = torch.empty(int(recv_counts.sum()), dtype=ids.dtype)
+    dist.all_to_all_single(received, ids[order], recv_counts.tolist(), send_counts.tolist())
+    positions = torch.empty_like(received)
+    dist.all_to_all_single(positions, order, recv_counts.tolist(), send_counts.tolist())
+    return received
+
+
+@pytest.mark.parametrize(
+    "check, right",
+    [(lab01.check_slice_of_sum, slice_by_padded_reduce_scatter), (lab01.check_route_ids, route_with_positions)],
+)
+def test_checks_accept_right_answers_that_send_a_little_more(check, right, capsys):
+    check(right)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def mean_by_reduce_scatter(x):  # combines on the way, but hands over a copy of the pair for every rank
+    p = dist.get_world_size()
+    pair = torch.stack([x.sum(), torch.tensor(float(x.numel()))])
+    out = torch.empty(2)
+    dist.reduce_scatter(out, [pair.clone() for _ in range(p)])
+    return out[0] / out[1]
+
+
+def test_mean_check_names_what_reduce_scatter_did():
+    rejects(lab01.check_global_mean, mean_by_reduce_scatter, match="a copy of the pair for every rank")

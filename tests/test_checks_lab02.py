@@ -545,3 +545,54 @@ def test_pooled_width_that_sorts_the_callers_tables_is_rejected():
 
     with pytest.raises(CheckFailed, match=r"pooled_width changed its argument 1 \(a list\) in place"):
         lab02.check_pooled_width(sorting_in_place)
+
+
+# ------------------------------------------------------------------ a second adversarial review
+
+
+def kjt_values_without_dtype(samples, keys):  # torch.tensor([]) is float32: a batch of empty bags only gives floats
+    values, lengths = [], []
+    for key in keys:
+        for sample in samples:
+            values.extend(sample[key])
+            lengths.append(len(sample[key]))
+    return KeyedJaggedTensor(keys=list(keys), values=torch.tensor(values), lengths=torch.tensor(lengths))
+
+
+def decides_by_a_strict_budget(vocab_size, dim, budget_bytes):  # two tables only with a byte to spare
+    if 2 * vocab_size * dim * 4 < budget_bytes:
+        return two_tables(vocab_size, dim, budget_bytes)
+    return shared_table(vocab_size, dim, budget_bytes)
+
+
+@pytest.mark.parametrize(
+    "check, wrong, words",
+    [
+        (lab02.check_kjt_from_samples, kjt_values_without_dtype, "torch.float32"),
+        (lab02.check_word_tables, decides_by_a_strict_budget, "0.12 MiB"),
+    ],
+)
+def test_checks_reject_answers_right_only_on_the_first_cases(check, wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        check(wrong)
+
+
+def test_width_check_accepts_a_numpy_integer(capsys):
+    import numpy as np
+
+    lab02.check_pooled_width(lambda tables: np.sum([t.embedding_dim * len(t.feature_names) for t in tables]))
+    assert capsys.readouterr().out.startswith("✓")
+
+
+class WithDropout(Fixed):  # a right model with dropout before the Linear: random in training, not mixing samples
+    def __init__(self):
+        super().__init__()
+        self.dropout = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.linear(self.dropout(self.ebc(x).values()))
+
+
+def test_model_check_accepts_dropout(capsys):  # was: "the model mixes the samples of a batch"
+    lab02.check_fixed_model(WithDropout)
+    assert capsys.readouterr().out.startswith("✓")

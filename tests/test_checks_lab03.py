@@ -308,3 +308,11 @@ def ranks_rewritten_as_hosts(plan, ranks_per_host):  # stores its answer in the 
 def test_steering_check_rejects_a_hosts_of_that_rewrites_the_plan():
     rejects(lab03.check_steering, SOLUTION, ranks_rewritten_as_hosts,
             match="hosts_of changed its argument 1 (a ShardingPlan) in place")
+
+
+def test_steering_budget_hint_names_no_copy_too_light_to_matter():
+    # 196 KiB on rank 0 against 136: the 4 KiB data-parallel category cannot make up 60 KiB, so it is not the advice
+    constraints = {"item": C(sharding_types=["table_row_wise"]), "user": C(sharding_types=["column_wise"], min_partition=8)}
+    with pytest.raises(CheckFailed, match="over the 136 KiB budget") as failure:
+        lab03.check_steering(constraints, hosts_of)
+    assert "constrain them too" not in str(failure.value) and "weighs less on each" in str(failure.value)

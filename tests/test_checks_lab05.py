@@ -69,6 +69,12 @@ def plain_sgd(learning_rate):
     )
 
 
+def ema_rowwise_adagrad(learning_rate):  # "the row-wise one" from section 4's list: an EMA variant, not Adagrad
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD, "learning_rate": learning_rate}
+    )
+
+
 _FUSED_PARAMS = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
 
 
@@ -95,6 +101,7 @@ def test_rowwise_sharder_check_accepts_the_solution(capsys):
         (adam_on_cpu, "raised"),
         (plain_sgd, "keeps no state"),
         (one_shared_dict, "both sharders hold the same fused_params dict"),
+        (ema_rowwise_adagrad, "(?s)optimizer is ema_in_place_row_wise_adagrad: .*moving average .*EXACT_ROWWISE_ADAGRAD"),
     ],
 )
 def test_rowwise_sharder_check_rejects_wrong_answers(wrong, words):
@@ -157,6 +164,14 @@ def names_the_data_parallel_tables(model, make_dense):  # the dense layers and t
     return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])
 
 
+def names_the_data_parallel_tables_of_the_plan(model, make_dense):  # "not data-parallel" taken for "fused"
+    replicated = {table for per_module in model.plan.plan.values() for table, spec in per_module.items()
+                  if spec.sharding_type == "data_parallel"}
+    params = {n: p for n, p in model.named_parameters()
+              if "embedding_bags" not in n or any(f".{table}." in n for table in replicated)}
+    return CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(params, make_dense)])
+
+
 def test_combined_optimizer_check_accepts_the_solution(capsys):
     lab05.check_combined_optimizer(combined_optimizer)
     assert capsys.readouterr().out.startswith("✓")
@@ -175,6 +190,8 @@ def test_combined_optimizer_check_accepts_the_solution(capsys):
         (unkeyed_dense_optimizer, "raised"),
         (names_the_fused_tables, "with another plan .*Duplicate param key"),
         (names_the_data_parallel_tables, "with another plan .*Duplicate param key"),
+        (names_the_data_parallel_tables_of_the_plan,
+         "with a plan where t_item is sharded table-wise on the dense kernel .*unchanged on rank 1: t_item.weight"),
     ],
 )
 def test_combined_optimizer_check_rejects_wrong_answers(wrong, words):
@@ -307,6 +324,12 @@ def choose_by_budget(budget_fraction):  # the solution: row-wise Adagrad where i
     return plain_sgd(50.0)
 
 
+def choose_by_a_typed_in_cutoff(budget_fraction):  # a cut-off between the lab's budgets, not row-wise's 1/16 share
+    if budget_fraction > 0.05:
+        return rowwise_adagrad_sharder(0.1)
+    return plain_sgd(50.0)
+
+
 def choose_rowwise(budget_fraction):  # the old exercise's answer, whatever the budget
     return rowwise_adagrad_sharder(0.1)
 
@@ -365,7 +388,29 @@ def test_budget_check_reports_an_answer_that_raises_for_one_budget():
 
 def test_budget_check_accepts_the_solution(capsys):
     lab05.check_budget_choice(choose_by_budget)
-    assert capsys.readouterr().out.startswith("✓")
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "the choices for 1/18, 1/16, 1 fit their budgets too" in out
+
+
+def test_budget_check_rejects_a_typed_in_cutoff():  # right at 1/8 and 1/32, over the budget at 1/18
+    with pytest.raises(CheckFailed, match=r"choose_sharder\(1/18\): exact_row_wise_adagrad keeps 1/16 \(6.2%\) of the "
+                                          r"table bytes as state; the budget is 1/18 \(5.6%\)"):
+        lab05.check_budget_choice(choose_by_a_typed_in_cutoff)
+
+
+def choose_fused_adam_where_all_fits(budget_fraction):  # an optimizer the check has no share for: measured
+    return adam_on_cpu(0.01) if budget_fraction >= 1 else choose_by_budget(budget_fraction)
+
+
+def test_untrained_budgets_measure_an_optimizer_of_unknown_share():
+    from course_lib import launch
+
+    def no_launch(*args, **kwargs):
+        pytest.fail("the shares of the solution's optimizers are known: nothing to launch")
+
+    lab05._check_untrained_budgets(choose_by_budget, no_launch)
+    with pytest.raises(CheckFailed, match=r"choose_sharder\(1\): sharding with it raised .*adam"):
+        lab05._check_untrained_budgets(choose_fused_adam_where_all_fits, launch)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import torch
 
 from course_lib.checks import CheckFailed
 from course_lib.checks import lab06
+from course_lib.models import TinyTransformer
 
 
 # ------------------------------------------------------------------------------------- shard
@@ -97,6 +98,27 @@ def shard_without_resharding(model):
     fully_shard(model)
 
 
+def shard_keeping_the_first_block(model):  # torchtitan's idea, the index off: layers.0 keeps its parameters
+    from torch.distributed.fsdp import fully_shard
+
+    for i, block in enumerate(model.layers):
+        fully_shard(block, reshard_after_forward=i != 0)
+    fully_shard(model)
+
+
+def shard_in_reverse_order(model):  # not a mistake: the order of the block calls does not matter
+    from torch.distributed.fsdp import fully_shard
+
+    for block in reversed(model.layers):
+        fully_shard(block)
+    fully_shard(model)
+
+
+def test_shard_check_accepts_the_blocks_sharded_in_reverse_order(capsys):
+    lab06.check_shard(shard_in_reverse_order)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def shard_the_embedding_too(model):
     from torch.distributed.fsdp import fully_shard
 
@@ -142,6 +164,7 @@ def test_shard_check_accepts_the_solution(capsys):
         (shard_with_ddp, "no parameter is sharded"),
         (shard_a_copy, "returned another module"),
         (shard_without_resharding, "reshard_after_forward"),
+        (shard_keeping_the_first_block, "layers.0 kept its full parameters after its forward"),
         (shard_the_embedding_too, "of its own besides the blocks"),
         (shard_every_linear, "are groups of its own besides"),
         (shard_the_blocks_as_one_group, "layers.0, layers.1, layers.2 are one FSDP group"),
@@ -263,7 +286,7 @@ def layouts_of(hosts, ranks_per_host, hsdp=None):
 
 
 def choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps, *,
-                  check_memory=True, hsdp=None, layouts=None):
+                  check_memory=True, hsdp=None, layouts=None, ring_factors=True, replicas_send_a_shard=True):
     """The solution: the fastest of the three layouts that fit (with options for the wrong answers)."""
     param_bytes = 4 * num_params
     best = None
@@ -276,8 +299,10 @@ def choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, c
         rows = layout if isinstance(layout[0], list) else [layout]
         shard_speed = (cross_gbps if spans(rows[0]) else intra_gbps) * 1e9
         replica_speed = (cross_gbps if spans([row[0] for row in rows]) else intra_gbps) * 1e9
-        seconds = (3 * (shards - 1) / shards * param_bytes / shard_speed
-                   + 2 * (replicas - 1) / replicas * param_bytes / shards / replica_speed)
+        shard_share = (shards - 1) / shards if ring_factors else float(shards > 1)
+        replica_share = (replicas - 1) / replicas if ring_factors else float(replicas > 1)
+        replicated = param_bytes / shards if replicas_send_a_shard else param_bytes
+        seconds = 3 * shard_share * param_bytes / shard_speed + 2 * replica_share * replicated / replica_speed
         if best is None or seconds < best[0]:
             best = (seconds, layout)
     return best[1]
@@ -315,9 +340,30 @@ def replicate_if_it_fits(hosts, ranks_per_host, num_params, memory_limit, *rest)
     return layouts_of(hosts, ranks_per_host)["FSDP"]
 
 
+def without_ring_factors(*args):  # every rank sends the whole P in each collective, not (n-1)/n of it
+    return choose_layout(*args, ring_factors=False)
+
+
+def replicas_reduce_whole_gradients(*args):  # HSDP's replicas all-reduce every gradient, not their 1/S shard
+    return choose_layout(*args, replicas_send_a_shard=False)
+
+
+def rule_read_off_the_cases(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps):
+    """No time computed: replicate on one host or with equal links, else HSDP if it fits, else FSDP."""
+    named = layouts_of(hosts, ranks_per_host)
+    if predict_state(num_params, 1) <= memory_limit and (hosts == 1 or intra_gbps == cross_gbps):
+        return named["replicate"]
+    if predict_state(num_params, ranks_per_host) <= memory_limit and hosts > 1:
+        return named["HSDP"]
+    if predict_state(num_params, 1) <= memory_limit:
+        return named["replicate"]
+    return named["FSDP"]
+
+
 def test_layout_check_accepts_the_solution(capsys):
     lab06.check_choose_layout(choose_layout)
-    assert capsys.readouterr().out.startswith("✓")
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "all 10 cases (4 measured on 4 ranks, 6 of up to 32 ranks" in out
 
 
 def test_layout_check_accepts_tuples_of_numpy_ints():
@@ -332,7 +378,8 @@ def test_layout_check_accepts_tuples_of_numpy_ints():
 
 def test_the_solution_meets_each_case_as_the_comments_say():
     cases = lab06.layout_cases()
-    want = ["replicate", "FSDP", "HSDP", "replicate", "HSDP", "FSDP", "replicate", "replicate"]
+    want = ["replicate", "FSDP", "HSDP", "replicate", "HSDP", "FSDP", "replicate", "replicate", "HSDP", "replicate"]
+    assert len(cases) == len(want)
     for s, name in zip(cases, want):
         got = choose_layout(*s.args())
         assert got == layouts_of(s.hosts, s.ranks_per_host)[name] or (
@@ -352,6 +399,14 @@ def test_the_solution_meets_each_case_as_the_comments_say():
         (hsdp_rows_of_two, "4 hosts x 8 ranks.*replica groups such as \\[0, 2, 4, .*1/2 of the gradients over the slow "
                            "link, where 8-way shards would send 1/8"),
         (swapped_orientation, "2 hosts x 2 ranks.*shard groups \\[0, 2\\], \\[1, 3\\] span hosts: every all-gather"),
+        # with the formula wrong, FSDP over 8 beats HSDP where the links are equal
+        (without_ring_factors, "2 hosts x 4 ranks.*25 GB/s between hosts: your layout \\[0, 1, 2, 3, 4, 5, 6, 7\\] "
+                               "fits .* takes 420.0 ms .*HSDP .* fits too .*it shards 8 ways though 4-way fits"),
+        (replicas_reduce_whole_gradients, "2 hosts x 4 ranks.*25 GB/s between hosts: your layout \\[0, 1, 2, 3, 4, 5, "
+                                          "6, 7\\] fits .* takes 420.0 ms .*it shards 8 ways though 4-way fits"),
+        # HSDP whenever there are hosts and it fits, though a fast cross link makes replication cheaper
+        (rule_read_off_the_cases, "2 hosts x 8 ranks.*120 GB/s between hosts: your layout .* takes 74.2 ms .*"
+                                  "replication fits too .*it shards 8 ways though the whole model fits one rank"),
         (lambda *args: "HSDP", "return a list of ranks"),
         (lambda *args: [[0, 1], [2]], "same length"),
         (lambda *args: [0, 1, 2, 3], "this job has 32 ranks"),
@@ -452,6 +507,19 @@ def build_materialized_before_sharding(mesh):  # on meta, but to_empty before fu
     return model
 
 
+with torch.random.fork_rng():  # "the model I already have", built whole in an earlier cell
+    torch.manual_seed(0)
+    BUILT_EARLIER = TinyTransformer(**lab06.HSDP_MODEL)
+
+
+def build_from_a_copy(mesh):  # whole on every rank, copied in: no TinyTransformer made, no to_empty
+    import copy
+
+    model = copy.deepcopy(BUILT_EARLIER)
+    shard_bottom_up(model, mesh, mesh)
+    return model
+
+
 def build_seeded_by_rank(mesh):  # each rank its own seed: the replicas start apart
     import torch.distributed as dist
 
@@ -514,6 +582,7 @@ def test_build_check_accepts_the_solution(capsys):
         (build_on_the_cpu_then_reset, "built the TinyTransformer on cpu"),
         (build_seeded_by_rank, "the ranks start from different weights"),
         (build_materialized_before_sharding, "called to_empty before fully_shard"),
+        (build_from_a_copy, "gave fully_shard a model already allocated on cpu"),
         (build_blocks_on_the_default_mesh,
          "placed \\(Replicate\\(\\), Shard\\(dim=0\\)\\), \\(Shard\\(dim=0\\),\\)"),
     ],

@@ -206,6 +206,22 @@ def test_wrapper_check_rejects_wrong_answers(wrong, words):
         lab07.check_wrapper(wrong)
 
 
+def test_a_partial_patchwork_hint_names_an_async_broadcast_not_waited_for():
+    # dist.broadcast(p.data, src=0, async_op=True) for every parameter, and no wait(): the learner did broadcast
+    # the weights, but fully_shard came before some of them arrived (here the weights', not the biases'). Whether
+    # they arrive in time depends on the run, so the verdict is tested on the reports such a run gives.
+    import torch
+
+    names = ["model.dense_arch.0.weight", "model.dense_arch.0.bias"]
+    before = [{n: torch.full((4, 3) if n.endswith("weight") else (4,), float(rank)) for n in names} for rank in (0, 1)]
+    start = {names[0]: torch.cat([before[0][names[0]][:2], before[1][names[0]][2:]]), names[1]: before[0][names[1]]}
+    reports = [{"before": before[rank], "start": start} for rank in (0, 1)]
+    with pytest.raises(CheckFailed, match=r"patchwork of rank 0's and rank 1's rows in every weight .*not yet: a "
+                                          r"broadcast with async_op=True that nobody waited for") as failure:
+        lab07._judge_start(reports)
+    assert "with async_op=True, wait() on each Work before fully_shard" in failure.value.hint
+
+
 # ------------------------------------------------------------------------------------------ exercise 2
 
 
@@ -267,6 +283,19 @@ def no_gradients(shapes, world_size, rank):  # "gradients are freed": param and 
     return fsdp_dense_bytes(shapes, world_size, rank) * 12 // 16
 
 
+def the_check_tower(shapes, world_size, rank):  # its own tower read inside, not the shapes it is handed
+    return fsdp_dense_bytes(lab07.dense_shapes(), world_size, rank)
+
+
+MEASURED = {}  # (world_size, rank) -> bytes, typed in from the check's messages
+
+
+def the_measurements_looked_up(shapes, world_size, rank):
+    if not MEASURED:
+        MEASURED.update({(w, r): b for w in (2, 3) for r, b in enumerate(lab07.measured_dense_bytes(w))})
+    return MEASURED[world_size, rank]
+
+
 def not_written(shapes, world_size, rank):
     raise NotImplementedError()
 
@@ -297,11 +326,22 @@ def test_bytes_check_accepts_a_numpy_integer(capsys):
         (cut_the_last_dim, "you predicted"),
         (remainder_to_the_first_ranks, "numpy.array_split"),
         (no_gradients, "count the gradient too"),
+        (the_check_tower, r"(?s)fsdp_dense_bytes\(\{'a': \(5, 3\), .*\}, 4, 0\) = 5072; FSDP2 \(torch.chunk\) keeps 176 "
+                          r"bytes there: .*use the shapes argument"),
+        (the_measurements_looked_up, r"fsdp_dense_bytes\(.*, 4, 0\) raised KeyError: \(4, 0\): the formula is right "
+                                     r"for the check's tower only"),
     ],
 )
 def test_bytes_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab07.check_dense_bytes(wrong)
+
+
+def test_the_fresh_shapes_reference_is_the_solution():
+    for rank in range(lab07._FRESH_WORLD_SIZE):
+        want = fsdp_dense_bytes(lab07._FRESH_SHAPES, lab07._FRESH_WORLD_SIZE, rank)
+        assert lab07._chunk_bytes(lab07._FRESH_SHAPES, lab07._FRESH_WORLD_SIZE, rank) == want
+    assert [lab07._chunk_bytes({"p": (5,)}, 4, rank) for rank in range(4)] == [32, 32, 16, 0]
 
 
 def test_the_solution_formula_is_torch_chunk():

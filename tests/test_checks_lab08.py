@@ -120,6 +120,16 @@ class PopsTheStep(AppState):  # restores everything, and takes the step out of t
         self.step = state_dict.pop("step")
 
 
+class SavesTheStepAsATensor(AppState):  # "DCP saves tensors": the step comes back as tensor(3)
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": torch.tensor(self.step)}
+
+
+class SavesTheStepAsAFloat(AppState):  # the step comes back as 3.0
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": float(self.step)}
+
+
 def test_app_state_check_accepts_the_solution(capsys):
     lab08.check_app_state(AppState)
     assert capsys.readouterr().out.startswith("✓")
@@ -155,6 +165,10 @@ def test_app_state_check_accepts_keys_of_the_answers_choice(capsys):
         (StepReadButNotKept, "the step was not restored"),
         (SnapshotAtInit, "the checkpoint says step 0, but dcp.save ran at step 3"),
         (PopsTheStep, "load_state_dict\\(\\) changed the state dict it was handed: the state dict lost its entry 'step'"),
+        (SavesTheStepAsATensor, r"(?s)app.step is tensor\(3\) after loading a checkpoint taken at step 3, a Tensor, not "
+                                r"an int: .*losses\[3\] is not found.*keep the step an int"),
+        (SavesTheStepAsAFloat, r"app.step is 3.0 after loading a checkpoint taken at step 3, a float, not an int: "
+                               r"the loop .*step_folder"),
     ],
 )
 def test_app_state_check_rejects_wrong_answers(wrong, words):
@@ -481,6 +495,12 @@ def reload_and_rewrite_the_checkpoint(path, config, per_table):  # "converts" th
     return app
 
 
+def reload_with_a_tensor_step(path, config, per_table):  # everything restored, the step handed back as a tensor
+    app = reload(path, config, per_table)
+    app.step = torch.tensor(app.step)
+    return app
+
+
 def test_reload_check_accepts_the_solution(capsys):
     lab08.check_reload(reload)
     assert capsys.readouterr().out.startswith("✓")
@@ -501,6 +521,7 @@ def test_reload_check_accepts_the_solution(capsys):
         (reload_the_first_path_and_the_lab_config, "returned step 3, the step of the first checkpoint"),
         (reload_that_edits_the_plan, "reload changed its argument 3 \\(per_table\\) in place"),
         (reload_and_rewrite_the_checkpoint, "reload wrote into the checkpoint it was handed"),
+        (reload_with_a_tensor_step, r"app.step is tensor\(3\) after reload, a Tensor, not an int"),
     ],
 )
 def test_reload_check_rejects_wrong_answers(wrong, words):
@@ -637,6 +658,12 @@ def mixed_that_edits_the_plan(path, config, per_table):  # replaces the data-par
     return reload_mixed(path, config, per_table)
 
 
+def mixed_with_a_float_step(path, config, per_table):  # everything restored, the step handed back as a float
+    app = reload_mixed(path, config, per_table)
+    app.step = float(app.step)
+    return app
+
+
 def test_mixed_reload_check_accepts_the_solution(capsys):
     lab08.check_mixed_reload(reload_mixed)
     assert capsys.readouterr().out.startswith("✓")
@@ -655,6 +682,7 @@ def test_mixed_reload_check_accepts_the_solution(capsys):
         (mixed_into_the_lab_config, "built its tables from a config other than the one it was handed"),
         (mixed_that_rewrites_the_checkpoint, "reload wrote into the checkpoint it was handed"),
         (mixed_that_edits_the_plan, "reload changed its argument 3 \\(per_table\\) in place"),
+        (mixed_with_a_float_step, r"app.step is 3.0 after reload, a float, not an int"),
     ],
 )
 def test_mixed_reload_check_rejects_wrong_answers(wrong, words):

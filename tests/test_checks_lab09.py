@@ -11,6 +11,28 @@ def test_load_factor_check_accepts_the_largest_that_fits(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def search_solution(hbm_gib=16):  # the solution's search, with the HBM per GPU as its argument
+    for factor in sorted(lab09.LOAD_FACTORS, reverse=True):
+        if lab09.plan_fits(factor, hbm_gib):
+            return factor
+
+
+def test_load_factor_check_accepts_the_search_that_found_it(capsys):
+    lab09.check_load_factor(0.75, search_solution)
+    assert capsys.readouterr().out.startswith("✓ load factor 0.75: the largest cache that fits 64 GPUs of 16 GiB "
+                                              "(and your search finds 0.9 for 20 GiB)")
+
+
+@pytest.mark.parametrize("search, words", [
+    (lambda hbm_gib=16: 0.75, "gives 0.75, but the largest cache that fits there is 0.9: the same answer as for 16 GiB"),
+    (lambda hbm_gib=16: search_solution(16), "as if typed in or planned for 16 GiB whatever hbm_gib says"),  # ignores hbm_gib
+    (lambda: search_solution(16), "your search raised TypeError"),  # no argument to take the HBM
+])
+def test_load_factor_check_rejects_a_typed_in_answer(search, words):  # the value read off the prose, not searched
+    with pytest.raises(CheckFailed, match=words):
+        lab09.check_load_factor(0.75, search)
+
+
 @pytest.mark.parametrize(
     "answer, words",
     [
@@ -89,7 +111,21 @@ def elastic_c10d(nnodes, nproc, node_rank, head, port):  # elastic range up to t
             "--rdzv-endpoint", f"{head}:{port}", "-m", "course_lib.run", "course_lib.capstone:train"]
 
 
-@pytest.mark.parametrize("right", [torchrun_solution, c10d_solution, underscores_and_equals, static_with_endpoint, elastic_c10d])
+def nproc_zero_padded(nnodes, nproc, node_rank, head, port):  # torchrun reads int("01"): one process
+    return torchrun_solution(nnodes, f"{nproc:02d}", node_rank, head, port)
+
+
+def c10d_head_hosts(nnodes, nproc, node_rank, head, port):  # is_host said out loud: node 0, the head, hosts the store
+    return [*c10d_solution(nnodes, nproc, node_rank, head, port)[:-3], "--rdzv-conf", f"is_host={node_rank == 0}",
+            "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def static_with_is_host_false(nnodes, nproc, node_rank, head, port):  # the static rendezvous ignores is_host
+    return ["torchrun", "--rdzv-conf", "is_host=false", *torchrun_solution(nnodes, nproc, node_rank, head, port)[1:]]
+
+
+@pytest.mark.parametrize("right", [torchrun_solution, c10d_solution, underscores_and_equals, static_with_endpoint, elastic_c10d,
+                                   nproc_zero_padded, c10d_head_hosts, static_with_is_host_false])
 def test_torchrun_check_accepts_every_spelling_of_a_working_command(right, capsys):
     lab09.check_torchrun_command(right)
     assert capsys.readouterr().out.startswith("✓")
@@ -169,6 +205,21 @@ def node_rank_of_first_process(nnodes, nproc, node_rank, head, port):  # the glo
     return torchrun_solution(nnodes, nproc, node_rank * nproc, head, port)
 
 
+def no_store_host(nnodes, nproc, node_rank, head, port):  # is_host=false everywhere: nobody starts the c10d store
+    return [*c10d_solution(nnodes, nproc, node_rank, head, port)[:-3], "--rdzv-conf", "is_host=false",
+            "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def every_node_hosts(nnodes, nproc, node_rank, head, port):  # is_host=true everywhere: a store on every node
+    return [*c10d_solution(nnodes, nproc, node_rank, head, port)[:-3], "--rdzv-conf", "join_timeout=60,is_host=1",
+            "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
+def is_host_not_a_bool(nnodes, nproc, node_rank, head, port):
+    return [*c10d_solution(nnodes, nproc, node_rank, head, port)[:-3], "--rdzv-conf", "is_host=head",
+            "-m", "course_lib.run", "course_lib.capstone:train"]
+
+
 def flag_without_value(nnodes, nproc, node_rank, head, port):
     return ["torchrun", "--nnodes", "--nproc-per-node", str(nproc), "-m", "course_lib.run", "course_lib.capstone:train"]
 
@@ -203,6 +254,9 @@ def the_labs_port(nnodes, nproc, node_rank, head, port):  # the port of the lab'
         (flag_without_value, "would refuse"),
         (c10d_default_port, "rendezvous is at 127.0.0.1:29400"),
         (node_rank_of_first_process, "--node-rank values are \\[0, 8, 16"),
+        (no_store_host, "node 0 of 2 .*: --rdzv-conf is_host=false tells the head, node 0, not to host the c10d store"),
+        (every_node_hosts, "node 1 of 2 .*: --rdzv-conf is_host=true makes this node start a c10d store of its own"),
+        (is_host_not_a_bool, "would refuse .*'is_host' does not represent a valid boolean"),
     ],
 )
 def test_torchrun_check_rejects_wrong_answers(wrong, words):
@@ -261,8 +315,71 @@ def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
         # ... or a cache of a tenth of the rows: most lookups miss HBM and read host memory over PCIe
         (lambda: _every_table(kernel="fused_uvm_caching", load_factor=0.1), "fused_uvm_caching kernel keeps rows in host memory"),
         (lambda: _every_table("grid_shard", "fused_uvm_caching", 0.5), "9.3 ms for the embedding step in all"),
+        # the training pipeline described to the estimators: with prefetch_pipeline every cached lookup is priced at
+        # HBM speed, so a cache of 1% of the rows "passes" (0.4 GiB, 1.63 ms of comms, 1.86 ms a step)
+        (lambda: _cached(0.01, "table_row_wise", prefetch_pipeline=True), "sets cache_params.prefetch_pipeline=True"),
+        (lambda: _cached(0.5, "grid_shard", prefetch_pipeline=True), "a cache of 1% of the rows looks as fast"),
+        (lambda: _cached(0.1, stats=_HitRate()), "sets cache_params.stats=.*describes the ids"),
+        # virtual-table kernels keep every row off the GPU, priced at full host bandwidth (0.0 GiB, 5.45 ms a step),
+        # and are no layout for plain EmbeddingBagConfigs
+        (lambda: _every_table(kernel="dram_virtual_table"), "t00 allows the dram_virtual_table kernel: .* virtual"),
+        (lambda: _every_table(kernel="ssd_virtual_table"), "with rows on SSD: these are plain tables"),
+        (lambda: _every_table(kernel="dram_ssd_virtual_table"), "dram_ssd_virtual_table is a kernel for virtual"),
+        (lambda: {**_every_table("grid_shard"), **_every_table(kernel="dram_virtual_table", names=BIG)},
+         "t00 allows the dram_virtual_table kernel"),  # only the big tables off the GPU
+        # the enum, not its value: the planner matches kernel names, so no kernel of the sharder matches
+        (lambda: _every_table("grid_shard", _fused_enum()), "is not a kernel's name.*FUSED.value"),
     ],
 )
 def test_budget_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab09.check_budget_plan(wrong())
+
+
+def _fused_enum():
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    return EmbeddingComputeKernel.FUSED
+
+
+def _cached(load_factor, sharding_type=None, **cache):
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    return {t.name: ParameterConstraints(sharding_types=[sharding_type] if sharding_type else None,
+                                         compute_kernels=["fused_uvm_caching"],
+                                         cache_params=CacheParams(load_factor=load_factor, **cache))
+            for t in lab09.production_tables()}
+
+
+class _HitRate:  # a torchrec CacheStatistics that claims every lookup hits the cache
+    expected_lookups = 1.0
+    cacheability = 1.0
+
+    def expected_miss_rate(self, clf):
+        return 0.0
+
+
+def test_budget_check_refuses_a_kernel_the_planner_chose(monkeypatch):
+    """A constraint that leaves compute_kernels open lets the planner choose; a virtual-table kernel it chose is
+    refused as one the learner named would be."""
+    real = lab09.plan_estimates
+
+    def virtual_t03(constraints):
+        found = real(constraints)
+        found["tables"]["t03"] = (found["tables"]["t03"][0], "dram_virtual_table")
+        return found
+
+    monkeypatch.setattr(lab09, "plan_estimates", virtual_t03)
+    with pytest.raises(CheckFailed, match="the planner's plan puts t03 on the dram_virtual_table kernel"):
+        lab09.check_budget_plan(_every_table("grid_shard"))
+
+
+def test_budget_check_accepts_prefetch_pipeline_false(capsys):  # False is the estimators' default: no claim made
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    lab09.check_budget_plan({t.name: ParameterConstraints(sharding_types=["table_row_wise"], compute_kernels=["fused_uvm_caching"],
+                                                          cache_params=CacheParams(load_factor=0.75, prefetch_pipeline=False))
+                             for t in lab09.production_tables()})
+    assert capsys.readouterr().out.startswith("✓")

@@ -117,6 +117,41 @@ def test_qcomm_sharder_rejects_a_hard_coded_precision_pair():
     rejects(lab11.check_qcomm_sharder, lambda f, b, lr, d: sharder_from("FP16", "BF16", lr, d), match="the lab's pair")
 
 
+def sharder_with_reduce_scatter(forward, backward, lr, device, *, reduce_scatter):
+    """The all-to-all's codecs as asked, the reduce-scatter's built separately from `reduce_scatter`'s pair."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+    from torchrec.distributed.types import CommOp
+
+    all_to_all = sharder_from(forward, backward, lr, device, comm_ops=[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL])
+    registry = all_to_all.qcomm_codecs_registry
+    rs_forward, rs_backward = reduce_scatter(forward, backward)
+    registry.update(get_qcomm_codecs_registry(
+        QCommsConfig(forward_precision=CommType[rs_forward], backward_precision=CommType[rs_backward]),
+        comm_ops=[CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER], device=torch.device(device) if device else None))
+    return EmbeddingBagCollectionSharder(fused_params=all_to_all.fused_params, qcomm_codecs_registry=registry)
+
+
+def test_qcomm_sharder_passes_the_two_collectives_built_separately(capsys):
+    lab11.check_qcomm_sharder(
+        lambda f, b, lr, d: sharder_with_reduce_scatter(f, b, lr, d, reduce_scatter=lambda f, b: (f, b)))
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_qcomm_sharder_rejects_the_lab_s_pair_on_the_reduce_scatter():
+    # only the all-to-all follows the arguments: row-wise tables' reduce-scatter stays at the lab's FP16 / BF16
+    rejects(lab11.check_qcomm_sharder,
+            lambda f, b, lr, d: sharder_with_reduce_scatter(f, b, lr, d, reduce_scatter=lambda f, b: ("FP16", "BF16")),
+            match="the reduce-scatter codecs are forward FP16, backward FP16, the lab's pair")
+
+
+def test_qcomm_sharder_rejects_a_swapped_reduce_scatter():
+    # "the reduce-scatter runs in backward, so it takes the backward precision first"
+    rejects(lab11.check_qcomm_sharder,
+            lambda f, b, lr, d: sharder_with_reduce_scatter(f, b, lr, d, reduce_scatter=lambda f, b: (b, f)),
+            match="the reduce-scatter codecs are forward BF16, backward FP16: swapped")
+
+
 def test_qcomm_sharder_rejects_a_cached_sharder():
     cache = {}
 
@@ -281,6 +316,14 @@ def test_row_bytes_rejects_a_float():
     rejects(lab11.check_serving_row_bytes, lambda d, p, a: float(good_row_bytes(d, p, a)), match="a number of bytes is an int")
 
 
+def test_row_bytes_passes_a_numpy_integer(capsys):
+    import numpy as np
+
+    # np.ceil(n / a).astype(np.int64) * a: a NumPy integer, exact
+    lab11.check_serving_row_bytes(lambda d, p, a: np.int64(good_row_bytes(d, p, a)))
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def test_row_bytes_reports_an_error_as_text():
     rejects(lab11.check_serving_row_bytes, lambda d, p, a: {"int8": 1}[p], match="raised KeyError")
 
@@ -343,6 +386,46 @@ def greedy(tables, budget, cost):
     return choice
 
 
+def fits(tables, budget):
+    choices = [dict(zip(tables, combo)) for combo in itertools.product(PRECISIONS, repeat=len(tables))]
+    return [choice for choice in choices if table_bytes(tables, choice) <= budget]
+
+
+def total(cost, choice):
+    return sum(cost[name][p] for name, p in choice.items())
+
+
+def least_worst_table(tables, budget, cost):
+    """The least worst-table cost first, then the least sum."""
+    return min(fits(tables, budget), key=lambda c: (max(cost[n][p] for n, p in c.items()), total(cost, c)))
+
+
+def fewest_tables_hurt(tables, budget, cost):
+    """As few tables with any cost as possible, then the least sum."""
+    return min(fits(tables, budget), key=lambda c: (sum(cost[n][p] > 0 for n, p in c.items()), total(cost, c)))
+
+
+def greedy_upward(tables, budget, cost):
+    """Start at all INT2; while some step up fits, take the one that saves the most cost per extra byte."""
+    choice = {name: "INT2" for name in tables}
+    while True:
+        best = None
+        for name in tables:
+            i = PRECISIONS.index(choice[name])
+            if i == 0:
+                continue
+            up = dict(choice, **{name: PRECISIONS[i - 1]})
+            extra = table_bytes(tables, up) - table_bytes(tables, choice)
+            if table_bytes(tables, up) > budget:
+                continue
+            score = ((cost[name][choice[name]] - cost[name][up[name]]) / max(extra, 1), -extra)
+            if best is None or score > best[0]:
+                best = (score, up)
+        if best is None:
+            return choice
+        choice = best[1]
+
+
 @pytest.mark.parametrize(
     "wrong, match",
     [
@@ -354,6 +437,10 @@ def greedy(tables, budget, cost):
         (lambda t, b, c: good_choice(t, b, c, row_bytes=lambda d, p, a: d * BITS[p] // 8), "over the budget"),  # values only
         (lambda t, b, c: good_choice(t, b, c, row_bytes=lambda d, p, a: round_up(d * BITS[p] // 8, 16)), "over the budget"),
         (greedy, "more than needed"),                                                    # a greedy search
+        # another objective than the total: the worst table, or the number of tables touched; or a greedy climb
+        (least_worst_table, "a INT4, b INT4, c INT4 fits (67,200 bytes) but costs 0.0012"),
+        (fewest_tables_hurt, "a INT2, b INT2, c FP16 fits (73,600 bytes) but costs 0.0029"),
+        (greedy_upward, "a INT4, b INT4, c INT4 fits (67,200 bytes) but costs 0.0012"),
         (lambda t, b, c: {n: "int4" for n in t}, "unknown precision"),
         (lambda t, b, c: {n: torch.quint4x2 for n in t}, "unknown precision"),
         (lambda t, b, c: dict(list(good_choice(t, b, c).items())[:2]), "named the tables"),   # tables left out

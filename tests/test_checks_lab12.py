@@ -124,6 +124,29 @@ def test_bytes_per_rank_passes_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def one_element_size(model, dp, tp, size=None):
+    size = size or next(model.parameters()).element_size()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)) * size
+    total = sum(p.numel() for p in model.parameters()) * size
+    return linear // (dp * tp) + (total - linear) // dp
+
+
+@pytest.mark.parametrize("right", [
+    lambda m, dp, tp: good_bytes(m, dp, tp) * 1.0,  # float division, exact here
+    lambda m, dp, tp: __import__("numpy").int64(good_bytes(m, dp, tp)),
+    lambda m, dp, tp: int(torch.tensor(good_bytes(m, dp, tp))),
+])
+def test_bytes_per_rank_passes_other_numbers(right, capsys):
+    lab12.check_bytes_per_rank(right)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_the_mixed_dtype_case_holds_two_element_sizes():
+    model, dp, tp = lab12._bytes_cases()[-1]
+    assert {p.element_size() for p in model.parameters()} == {2, 4}
+    assert lab12.reference_bytes(model, dp, tp) == good_bytes(model, dp, tp) != one_element_size(model, dp, tp)
+
+
 def _total(model):
     return sum(p.numel() * 4 for p in model.parameters())
 
@@ -143,7 +166,18 @@ def _linear(model):
     (lambda m, dp, tp: sum(p.numel() for p in m.parameters()) // (dp * tp), "expected"),  # values, not bytes
     (lambda m, dp, tp: 17024, "expected"),  # the lab's measured figure, typed in
     # fp32 assumed: 4 bytes per value, right for the lab's Tower, twice too much for a bf16 one
-    (lambda m, dp, tp: _linear(m) // (dp * tp) + (_total(m) - _linear(m)) // dp, "it counts 4 bytes per value"),
+    (lambda m, dp, tp: _linear(m) // (dp * tp) + (_total(m) - _linear(m)) // dp,
+     "it counts 4 bytes for every value, but this Tower holds bfloat16 (2 bytes per value)"),
+    # one element size for the whole model, read off its first parameter: right for a Tower of one dtype, wrong for
+    # bf16 Linear weights beside fp32 LayerNorms (the first parameter is a norm's: 4 bytes for every Linear value)
+    (one_element_size, "it counts 4 bytes for every value, but this Tower holds bfloat16 (2 bytes per value) in its "
+                       "Linear weights, float32 (4 bytes per value) in its LayerNorms"),
+    # ... or off a Linear weight: the norms then at 2 bytes
+    (lambda m, dp, tp: one_element_size(m, dp, tp, m.layers[0].attention.wq.weight.element_size()),
+     "it counts 2 bytes for every value"),
+    # the right number in a 0-d tensor: `tensor == int` is a tensor, which would pass an `if`
+    (lambda m, dp, tp: torch.tensor(good_bytes(m, dp, tp)), "bytes_per_rank returned Tensor tensor("),
+    (lambda m, dp, tp: str(good_bytes(m, dp, tp)), "return a number of bytes"),
 ])
 def test_bytes_per_rank_rejects(answer, reason):
     rejects(lab12.check_bytes_per_rank, answer, match=reason)
@@ -195,6 +229,13 @@ def ignores_hosts(world, per_host, model, budget):
 def at_most_a_host(world, per_host, model, budget):  # tp <= ranks_per_host: tp = 3 on hosts of 4 groups ranks 3, 4, 5
     for tp in range(1, world + 1):
         if world % tp == 0 and _heads(model) % tp == 0 and tp <= per_host and lab12.reference_peak(model, world // tp, tp) <= budget:
+            return world // tp, tp
+    return None
+
+
+def ignores_world(world, per_host, model, budget):
+    for tp in range(1, world + 1):
+        if _heads(model) % tp == 0 and per_host % tp == 0 and lab12.reference_peak(model, world // tp, tp) <= budget:
             return world // tp, tp
     return None
 
@@ -260,6 +301,8 @@ def test_choose_mesh_rejects_new_mistakes(answer, reason):
     (lambda w, h, m, b: (2, 2), "less tensor parallelism"),  # the lab's answer, typed in
     (lambda w, h, m, b: [w // 2, 2], "less tensor parallelism"),  # a list is read as a pair
     (lambda w, h, m, b: "2x2", "return a pair"),
+    # tp tested against the heads and the host but not the world: tp = 8 on 12 ranks leaves dp = 12 // 8 = 1
+    (ignores_world, "(1, 8) for 8 heads, 12 ranks on hosts of 8, 36,000 bytes: dp x tp must use all 12 ranks"),
 ])
 def test_choose_mesh_rejects(answer, reason):
     rejects(lab12.check_choose_mesh, answer, match=reason)

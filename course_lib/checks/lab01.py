@@ -103,13 +103,16 @@ def _modulo_owner(ids: Any, num_rows: int, world_size: int) -> Any:
 
 
 def _all_to_all_elements(name: str, args: tuple, kwargs: dict) -> int:
-    """How many values an all_to_all(_single) call sends from this rank (0 for any other collective)."""
+    """How many values an all_to_all(_single) or reduce_scatter call is handed to send from this rank (0 for any
+    other collective)."""
     import torch
 
     if name == "all_to_all_single":
         sent = kwargs.get("input", args[1] if len(args) > 1 else None)
     elif name == "all_to_all":
         sent = kwargs.get("input_tensor_list", args[1] if len(args) > 1 else None)
+    elif name in ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor"):
+        sent = kwargs.get("input_list", kwargs.get("input", args[1] if len(args) > 1 else None))
     else:
         return 0
     if isinstance(sent, torch.Tensor):
@@ -237,11 +240,12 @@ def check_route_ids(
     launch: Callable[..., list[Any]] | None = None,
     timeout: float = _TIMEOUT_S,
 ) -> None:
-    """Run `route_ids(ids, num_rows)` on 2 and 3 ranks and compare what each rank received."""
+    """Run `route_ids(ids, num_rows)` on 2 and 3 ranks, and on 3 ranks with 16 rows the lab does not show, and
+    compare what each rank received and how many values it sent."""
     import torch
 
-    for world in (2, 3):
-        ids_by_rank, num_rows = route_example(world)
+    fresh = ([torch.tensor(x, dtype=torch.int64) for x in ([12, 3, 7, 0], [5, 11, 2, 9, 4], [1, 10])], 16)
+    for world, (ids_by_rank, num_rows) in ((2, route_example(2)), (3, route_example(3)), (3, fresh)):
         args = [(ids.clone(), num_rows) for ids in ids_by_rank]
         outcomes = _run(route_ids, args, "route_ids", _REPRODUCE_ROUTE, launch, timeout, on_rank=_routing_on_rank)
         expected = _expected_routing(ids_by_rank, num_rows)
@@ -251,7 +255,7 @@ def check_route_ids(
         for rank, result in enumerate(got):
             if not isinstance(result, torch.Tensor):
                 fail(f"on {world} ranks, rank {rank} returned {type(result).__name__}", "return the tensor of ids this rank received")
-            if result.is_floating_point():
+            if result.dtype != ids_by_rank[rank].dtype:
                 fail(
                     f"on {world} ranks, rank {rank} returned {result.dtype} ids",
                     "ids are integers: allocate the receiving tensor with dtype=ids.dtype (torch.empty(n, dtype=ids.dtype))",
@@ -304,6 +308,10 @@ def check_route_ids(
                     "use all_to_all_single: each id goes to its owner only, not to every rank",
                 )
             held = ids_by_rank[rank].numel()
+            if sent > 2 * held + world:  # ids, their counts, and room for one more tensor per id (their positions)
+                fail(f"right ids, but on {world} ranks rank {rank} handed {sent} values to all-to-all for {held} ids and "
+                     f"{world} counts, more than twice its ids: ids (or copies of them) went to ranks that do not own them",
+                     "send each id to its owner only: input_split_sizes = how many ids each owner gets")
             if sent < held:
                 others = sorted(set(calls) - {"all_to_all_single", "all_to_all"})
                 fail(
@@ -312,7 +320,8 @@ def check_route_ids(
                     "after the counts, send the ids by all_to_all_single too (input_split_sizes=send counts, "
                     "output_split_sizes=received counts): each id goes to its owner only, not to every rank",
                 )
-    passed("route_ids sends every id to its owner on 2 and 3 ranks, counts exchanged, order kept")
+    passed("route_ids sends every id to its owner, and only to it, on 2 and 3 ranks and on 16 rows the lab does not "
+           "show, counts exchanged, order kept")
 
 
 def _same_multiset(a: Any, b: Any) -> bool:
@@ -328,9 +337,13 @@ def check_global_mean(
     launch: Callable[..., list[Any]] | None = None,
     timeout: float = _TIMEOUT_S,
 ) -> None:
-    """Run `global_mean(x)` on 2 and 3 ranks (unequal sizes per rank) and compare with the mean of all values."""
-    for world in (2, 3):
-        values = mean_example(world)
+    """Run `global_mean(x)` on 2 and 3 ranks (unequal sizes per rank), and on 2 ranks with values the lab does not
+    show, and compare with the mean of all values."""
+    import torch
+
+    generator = torch.Generator().manual_seed(11)
+    fresh = [torch.randint(0, 20, (n,), generator=generator).float() / 4 for n in (5, 9)]
+    for world, values in ((2, mean_example(2)), (3, mean_example(3)), (2, fresh)):
         outcomes = _run(global_mean, [(v.clone(),) for v in values], "global_mean", _REPRODUCE_MEAN, launch, timeout)
         total = sum(float(v.sum()) for v in values)
         count = sum(v.numel() for v in values)
@@ -377,13 +390,20 @@ def check_global_mean(
                     f"right answer, but rank {rank} ran {len(calls)} collectives ({_describe_calls(calls)}), not one",
                     "put the sum and the count in one tensor, torch.stack([x.sum(), count]), and all-reduce it once",
                 )
-            if calls[0] != "all_reduce":
+            if "gather" in calls[0] or calls[0] in ("all_to_all", "all_to_all_single"):
                 fail(
                     f"right answer, but rank {rank} used {calls[0]}: every rank received what every rank sent and "
                     "combined it itself, p times the data of a collective that combines the contributions on the way",
                     "two numbers per rank are enough: all-reduce torch.stack([x.sum(), count]) and divide",
                 )
-    passed("global_mean gives every rank the mean of all values on 2 and 3 ranks, with one collective")
+            if calls[0] != "all_reduce":
+                fail(
+                    f"right answer, but rank {rank} used {calls[0]}: a copy of the pair for every rank, or a result "
+                    "that lands on one rank, where all_reduce leaves the combined pair on every rank in one call",
+                    "two numbers per rank are enough: all-reduce torch.stack([x.sum(), count]) and divide",
+                )
+    passed("global_mean gives every rank the mean of all values on 2 and 3 ranks and on values the lab does not show, "
+           "with one collective")
 
 
 def _close(a: float, b: float) -> bool:
@@ -408,20 +428,13 @@ def slice_example(world_size: int = 2, length: int | None = None, seed: int = 0)
 
 
 def _slice_on_rank(fn: Callable[..., Any], xs: list[Any]) -> tuple[Any, list[str], int]:
-    """On each rank: fn(xs[rank]) with its collectives counted, and the bytes this rank wrote meanwhile."""
+    """On each rank: fn(xs[rank]) with its collectives counted, and how many values it handed to them to send."""
     import torch.distributed as dist
 
-    def written() -> int:
-        try:
-            with open("/proc/self/io") as f:
-                return int(next(line for line in f if line.startswith("wchar")).split()[1])
-        except (OSError, StopIteration):
-            return 0
-
     dist.barrier()
-    start = written()
-    result, calls = _call_counting(fn, [(x,) for x in xs])
-    return result, calls, written() - start
+    sent = []
+    result, calls = _call_counting(fn, [(x,) for x in xs], lambda name, args, kwargs: sent.append(_all_to_all_elements(name, args, kwargs)))
+    return result, calls, sum(sent)
 
 
 @exercise
@@ -432,7 +445,8 @@ def check_slice_of_sum(
 ) -> None:
     """Run `my_slice_of_sum(x)` on 2 and 3 ranks (lengths that do not divide evenly on 3) and compare every
     rank's answer with slice r of the sum (``torch.tensor_split(sum, world_size)[r]``); then judge the
-    collective it chose: one that leaves each rank its slice only (reduce-scatter, or all-to-all + local sum)."""
+    collective it chose: one that leaves each rank its slice only (reduce-scatter, or all-to-all + local sum),
+    handed no more values than the rank's tensor holds (padded to equal slices at most), and a result of x's dtype."""
     import torch
 
     from course_lib.launcher.launch import LaunchError
@@ -471,6 +485,9 @@ def check_slice_of_sum(
             want = expected[rank]
             if not isinstance(result, torch.Tensor):
                 fail(f"on {world} ranks, rank {rank} returned a {type(result).__name__}", "return a tensor: this rank's slice of the sum")
+            if result.dtype != xs[rank].dtype:
+                fail(f"on {world} ranks, rank {rank} returned {result.dtype} values from a {xs[rank].dtype} tensor",
+                     "keep the dtype of x: the sum of float values is a float tensor (no .long(), .int() or .double())")
             result = result.detach().reshape(-1).float()
             if result.numel() == total.numel() and torch.allclose(result, total):
                 fail(
@@ -502,7 +519,7 @@ def check_slice_of_sum(
             fail(f"on {world} ranks, rank {rank} returned {result.tolist()}, expected {want.tolist()}", "slice r of the sum over all ranks")
         runs.append(outcomes)
     for outcomes in runs:  # the values first, on both worlds; then the collective chosen
-        for rank, (_, calls, _) in enumerate(outcomes):
+        for rank, (_, calls, sent) in enumerate(outcomes):
             chosen = set(calls)
             if not chosen:
                 fail(f"right values, but rank {rank} ran no collective", "the other ranks' values must travel")
@@ -517,10 +534,16 @@ def check_slice_of_sum(
                     f"right values, but by {sorted(gathers)[0]}: every rank received every rank's whole tensor ((p-1) N)",
                     "only slice r of each tensor is needed on rank r: reduce_scatter, or all_to_all of the slices",
                 )
+            n = slice_example(len(outcomes))[rank].numel()
+            if chosen <= _SLICE_COLLECTIVES and sent > len(outcomes) * math.ceil(n / len(outcomes)):  # padding allowed
+                fail(f"right values, but rank {rank} handed {sent} values to {_describe_calls(calls)} for a tensor of {n}: "
+                     "every rank was sent whole tensors, not only its slice",
+                     "send slice j of x to rank j only: reduce_scatter(out, list(torch.tensor_split(x, p))), or all_to_all_single with split sizes")
             if not chosen <= _SLICE_COLLECTIVES:
                 fail(
                     f"right values, but rank {rank} ran {_describe_calls(calls)}",
                     "one collective leaves each rank its slice of the sum: reduce_scatter (or all_to_all, then sum)",
                 )
     used = ", ".join(sorted({c for _, calls, _ in outcomes for c in calls}))
-    passed(f"my_slice_of_sum gives rank r slice r of the sum on 2 and 3 ranks (uneven slices on 3), by {used}")
+    passed(f"my_slice_of_sum gives rank r slice r of the sum on 2 and 3 ranks (uneven slices on 3), by {used}, each "
+           "rank handing its collective no more values than its tensor holds (padding aside)")

@@ -137,10 +137,14 @@ def _judge_others_left_alone(plan: Any, topology: Any, tables: Sequence[Embeddin
     planner = EmbeddingShardingPlanner(topology=topology, constraints={table: ParameterConstraints(sharding_types=["row_wise"])})
     reference = planning._module_plan(planner.plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()]))
     mine = planning._module_plan(plan)
+    def where(sharding: Any) -> tuple[str, list[int]]:
+        return sharding.sharding_type, sorted(sharding.ranks or [])
+
     moved = [
-        f"{name} ({mine[name].sharding_type}, the planner alone: {sharding.sharding_type})"
+        f"{name} ({mine[name].sharding_type} on ranks {where(mine[name])[1]}, the planner alone: "
+        f"{sharding.sharding_type} on ranks {where(sharding)[1]})"
         for name, sharding in reference.items()
-        if name != table and name in mine and mine[name].sharding_type != sharding.sharding_type
+        if name != table and name in mine and where(mine[name]) != where(sharding)
     ]
     if moved:
         fail(
@@ -202,6 +206,7 @@ def check_row_wise(
     topologies = [
         ("the cluster (2 hosts x 4 GPUs)", planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
         ("a second topology (2 hosts x 3 GPUs)", planning.topology(6, local_world_size=3, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
+        ("one host of 4 GPUs", planning.topology(4, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
     ]
     found, planned = [], []
     for what, topology in topologies:
@@ -373,7 +378,9 @@ def check_steering(
             if per_rank.loc[name, worst] > 0
         )
         hint = "a table cut over more ranks (row_wise, column_wise with a small min_partition) weighs less on each"
-        copies = [n for n in names if kinds[n] == "data_parallel" and n not in constraints and per_rank.loc[n, worst] > 0]
+        over = totals[worst] - budget_bytes
+        # only a copy heavy enough to cover the overshoot is worth naming: constraining a 4 KiB table cannot save 60
+        copies = [n for n in names if kinds[n] == "data_parallel" and n not in constraints and per_rank.loc[n, worst] >= over]
         if copies:
             hint = f"the planner made {copies} data_parallel, a full copy on every rank; constrain them too. {hint}"
         fail(

@@ -330,7 +330,7 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
     if math.isclose(got, data.bayes_optimal_auc(log.train) - model_auc, abs_tol=1e-6):
         fail(
             f"auc_gap returned {got:.4f}, expected {want:.4f}: that is the train split's optimum",
-            "compare with the optimum of the split the model was evaluated on (its labels are different draws)",
+            "compare with the optimum of the split the model was evaluated on (its impressions and their labels are different draws)",
         )
     mispaired = data.bayes_optimal_auc(split) - float(BinaryAUROC()(logits, split.labels))
     if math.isclose(got, mispaired, abs_tol=1e-6):

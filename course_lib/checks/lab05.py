@@ -49,6 +49,7 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
         return {"error": f"sharding or training with your sharder raised {one_line(error)}"}
     return {
         "type": "EmbeddingBagCollectionSharder",
+        "optimizer": str((getattr(sharder, "fused_params", None) or {}).get("optimizer")),
         "states": [(row["state"], row["local shape"]) for row in optimizers.state_rows(model.fused_optimizer)],
         "lr": [group["lr"] for group in model.fused_optimizer.param_groups],
         "second lr": second_lr,
@@ -64,8 +65,11 @@ def check_rowwise_sharder(
     optimizer is exact row-wise Adagrad at that learning rate.
 
     The check shards a 1,000 x 16 table row-wise over 2 ranks with it, trains one step, and reads the fused
-    optimizer's state and learning rate.
+    optimizer's state and learning rate, and which optimizer the sharder names (another one-value-per-row
+    optimizer, such as EMAINPLACE_ROWWISE_ADAGRAD, has the same state shape but another update rule).
     """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
     if launch is None:
         from course_lib import launch
     report = launch(_sharder_on_rank, rowwise_adagrad_sharder, world_size=2, show_ranks=[])[0]
@@ -73,7 +77,7 @@ def check_rowwise_sharder(
         if "deprecated" in report["error"]:
             hint = "fbgemm deprecated ROWWISE_ADAGRAD (the inexact one): use EmbOptimType.EXACT_ROWWISE_ADAGRAD"
         elif "not supported in CPU mode" in report["error"] or "CPU" in report["error"]:
-            hint = "fbgemm's CPU kernels fuse exact SGD, Adagrad and row-wise Adagrad only: EXACT_ROWWISE_ADAGRAD"
+            hint = "fbgemm's CPU kernels fuse EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD and EMAINPLACE_ROWWISE_ADAGRAD only: use EXACT_ROWWISE_ADAGRAD"
         else:
             hint = "fused_params={'optimizer': EmbOptimType..., 'learning_rate': ...}: fbgemm's names, see section 2"
         fail(report["error"], hint)
@@ -100,6 +104,14 @@ def check_rowwise_sharder(
         fail(
             f"the fused optimizer's states on rank 0 are {states}; row-wise Adagrad keeps one of shape ({rows_per_rank},)",
             "use EmbOptimType.EXACT_ROWWISE_ADAGRAD",
+        )
+    if report["optimizer"] != str(EmbOptimType.EXACT_ROWWISE_ADAGRAD):
+        ema = report["optimizer"] == str(EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD)
+        fail(
+            f"the sharder's optimizer is {report['optimizer']}: it keeps one value per row too, but "
+            + ("that value is a moving average of the squared gradients (EMA, updated in place), not Adagrad's sum "
+               "of them: another update rule" if ema else "it is not exact row-wise Adagrad: another update rule"),
+            "exact row-wise Adagrad is EmbOptimType.EXACT_ROWWISE_ADAGRAD",
         )
     lr = report["lr"][0]
     if report.get("shared params") and not math.isclose(lr, _LEARNING_RATE, rel_tol=1e-5):
@@ -131,11 +143,15 @@ def check_rowwise_sharder(
 # A second plan, with other tables data-parallel than the planner's (t_category and t_terms on 2 ranks): an
 # answer that names the tables the lab printed, instead of asking the model which parameters are fused, fails it.
 _OTHER_DATA_PARALLEL = ("t_user", "t_terms")
+# A third plan, with one table sharded table-wise on the dense kernel: no fused optimizer updates it, though it is
+# not data-parallel. An answer that takes "data-parallel in the plan" for "not fused" leaves it untrained.
+_DENSE_KERNEL_TABLE = "t_item"
 
 
 def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> list[dict[str, Any]]:
     """Runs on every rank: shard the lab's DLRM (fused Adagrad sharder) by the planner, then by a plan with other
-    data-parallel tables; for each, build the learner's optimizer and step."""
+    data-parallel tables, then by a plan with a table-wise table on the dense kernel; for each, build the
+    learner's optimizer and step."""
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -144,19 +160,26 @@ def _combined_on_rank(combined_optimizer: Callable[[Any, Any], Any]) -> list[dic
     from course_lib import models, planning, training
 
     reports = []
-    for planned in (True, False):
+    world_size = dist.get_world_size()
+    for plan_index in range(3):
         torch.manual_seed(0)
         model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
         sharders = training.sharders()
-        if planned:
-            plan = EmbeddingShardingPlanner(topology=planning.topology(dist.get_world_size())).collective_plan(
+        if plan_index == 0:
+            plan = EmbeddingShardingPlanner(topology=planning.topology(world_size)).collective_plan(
                 model, sharders, dist.GroupMember.WORLD
             )
         else:
-            per_table = {t.name: data_parallel() if t.name in _OTHER_DATA_PARALLEL
-                         else table_wise(rank=i % dist.get_world_size(), compute_kernel="fused")
-                         for i, t in enumerate(_CHECK_CONFIG.tables(16))}
-            plan = training.model_plan(model, per_table, dist.get_world_size())
+            if plan_index == 1:
+                per_table = {t.name: data_parallel() if t.name in _OTHER_DATA_PARALLEL
+                             else table_wise(rank=i % world_size, compute_kernel="fused")
+                             for i, t in enumerate(_CHECK_CONFIG.tables(16))}
+            else:  # t_category data-parallel; t_item table-wise on rank 1, dense kernel; the others fused
+                per_table = {"t_user": table_wise(rank=0, compute_kernel="fused"),
+                             _DENSE_KERNEL_TABLE: table_wise(rank=1 % world_size, compute_kernel="dense"),
+                             "t_category": data_parallel(),
+                             "t_terms": table_wise(rank=0, compute_kernel="fused")}
+            plan = training.model_plan(model, per_table, world_size)
         dmp = DistributedModelParallel(model, device=training.device(), plan=plan, sharders=sharders)
         reports.append(_combined_step(combined_optimizer, dmp))
         if "error" in reports[-1]:
@@ -223,22 +246,26 @@ def check_combined_optimizer(
 
     The check shards the lab's DLRM with the course's fused Adagrad sharder on 2 ranks (two tables fused
     table-wise, two data-parallel), trains one step with Adam as the dense optimizer, and reads what changed
-    and what the optimizer's ``state_dict`` holds; then again with a plan where other tables are data-parallel.
+    and what the optimizer's ``state_dict`` holds; then again with a plan where other tables are data-parallel,
+    and with a plan where one table is sharded table-wise on the dense kernel (not data-parallel, not fused).
     """
     if launch is None:
         from course_lib import launch
     per_rank = launch(_combined_on_rank, combined_optimizer, world_size=2, show_ranks=[])
     for index in range(max(len(reports) for reports in per_rank)):
         reports = [rank_reports[index] for rank_reports in per_rank if index < len(rank_reports)]
-        where = "" if index == 0 else (
-            f"with another plan ({' and '.join(_OTHER_DATA_PARALLEL)} data-parallel, the other tables fused), ")
-        generic = "" if index == 0 else (
-            "; ask the model which parameters a fused kernel updates (in_backward_optimizer_filter), rather than "
-            "naming the tables or layers the lab's plan printed")
+        where = ["", f"with another plan ({' and '.join(_OTHER_DATA_PARALLEL)} data-parallel, the other tables fused), ",
+                 f"with a plan where {_DENSE_KERNEL_TABLE} is sharded table-wise on the dense kernel (no fused "
+                 "optimizer updates it, though it is not data-parallel), "][index]
+        generic = ["",
+                   "; ask the model which parameters a fused kernel updates (in_backward_optimizer_filter), rather "
+                   "than naming the tables or layers the lab's plan printed",
+                   "; a table's sharding type (data-parallel or not) does not say whether it is fused: its compute "
+                   "kernel does, so ask the model (in_backward_optimizer_filter) rather than the plan"][index]
         _judge_combined(reports, where, generic)
     passed(
         f"one {per_rank[0][0]['type']}: the fused tables' state is in its state_dict, and every other parameter "
-        "(dense layers, data-parallel tables) steps with the dense optimizer"
+        "(dense layers, data-parallel tables, a table sharded on the dense kernel) steps with the dense optimizer"
     )
 
 
@@ -392,6 +419,12 @@ def check_state_bytes(
 BUDGET_FRACTION = 1 / 8  # the lab's budget: optimizer state may take at most this share of a rank's table bytes
 UNSHOWN_BUDGET_FRACTION = 1 / 32  # a budget the lab does not show: the check applies the learner's choice to it too
 BUDGET_CASES = (BUDGET_FRACTION, UNSHOWN_BUDGET_FRACTION)
+# Budgets the check asks choose_sharder about without training: row-wise Adagrad's 1/16 just over (1/18), just
+# within (1/16), and room for anything (1). A cut-off typed in between the trained budgets fails one of them.
+UNTRAINED_BUDGETS = (1 / 18, 1 / 16, 1.0)
+# Each CPU-fused optimizer's state as a share of a 16-wide fp32 table (section 4's table); others are measured.
+_STATE_SHARES = {"exact_sgd": 0.0, "exact_adagrad": 1.0, "exact_row_wise_adagrad": 1 / 16,
+                 "ema_in_place_row_wise_adagrad": 1 / 16}
 AUC_MARGIN = 0.01  # ... and the model must come within this of the AUC that exact (per-element) Adagrad reaches
 BUDGET_LOG = data.ClickLogConfig(num_train=60_000, num_test=10_000, seed=5)
 
@@ -465,6 +498,60 @@ def _budget_on_rank(choose_sharder: Callable[[float], Any], budgets: tuple[float
     return {"cases": cases, "adagrad": train_with_sharder(adagrad) if trained else None}
 
 
+def _share_on_rank(sharders: list[Any]) -> list[Any]:
+    """On every rank: for each sharder, its fused optimizer's state as a share of the bytes of the 16-wide table
+    it holds (a 1,000-row table sharded row-wise, not trained), or the error it raised (a string)."""
+    from torchrec import EmbeddingBagConfig
+
+    from course_lib import memory, optimizers
+
+    tables = [EmbeddingBagConfig(name="t_share", embedding_dim=16, num_embeddings=1_000, feature_names=["f"])]
+    shares: list[Any] = []
+    for sharder in sharders:
+        try:
+            model = optimizers.row_wise_ebc(tables, sharder, kernel="fused")
+            table_bytes = sum(memory.tensor_bytes(p) for _, p in _fused_parameters(model))
+            shares.append(optimizers.state_bytes(model.fused_optimizer) / table_bytes)
+        except Exception as error:
+            shares.append(f"sharding with it raised {one_line(error)}")
+    return shares
+
+
+def _check_untrained_budgets(choose_sharder: Callable[[float], Any], launch: Callable[..., list[Any]]) -> None:
+    """Fail if `choose_sharder` returns, for a budget of ``UNTRAINED_BUDGETS``, an optimizer whose state share of
+    16-wide tables is over that budget (known shares from ``_STATE_SHARES``, others measured without training)."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    chosen: list[tuple[str, float, Any, str]] = []
+    for budget in UNTRAINED_BUDGETS:
+        call = f"choose_sharder({_fraction(budget)})"
+        try:
+            sharder = choose_sharder(budget)
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"{call} raised {one_line(error)}", "return a sharder for every budget: the check asks for budgets "
+                 "the lab does not show")
+        if not isinstance(sharder, EmbeddingBagCollectionSharder):
+            fail(f"{call} returned a {type(sharder).__name__}", "return one EmbeddingBagCollectionSharder (as in exercise 1)")
+        params = dict(getattr(sharder, "fused_params", None) or {})
+        chosen.append((call, budget, sharder, str(params.get("optimizer", "exact_sgd"))))
+    unknown = [sharder for _, _, sharder, name in chosen if name not in _STATE_SHARES]
+    measured = iter(launch(_share_on_rank, unknown, world_size=2, show_ranks=[])[0] if unknown else [])
+    for call, budget, _, name in chosen:
+        share = _STATE_SHARES[name] if name in _STATE_SHARES else next(measured)
+        if isinstance(share, str):
+            fail(f"{call}: {share}", "fbgemm's CPU kernels fuse EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD and "
+                 "EMAINPLACE_ROWWISE_ADAGRAD only (section 4)")
+        if share > budget + 1e-12:
+            fail(
+                f"{call}: {name} keeps {_fraction(share)} ({share:.1%}) of the table bytes as state; the budget is "
+                f"{_fraction(budget)} ({budget:.1%}), so this job would not fit its memory (the check trains only "
+                f"at {' and '.join(_fraction(b) for b in BUDGET_CASES)}, and asks about other budgets too)",
+                "compare each option's share with the budget you are given (row-wise Adagrad keeps one value per row: "
+                "1/dim, 1/16 here), rather than a cut-off that only separates the lab's two budgets",
+            )
+
+
 @exercise
 def check_budget_choice(choose_sharder: Callable[[float], Any], launch: Callable[..., list[Any]] | None = None) -> None:
     """`choose_sharder(budget_fraction)` must return an EmbeddingBagCollectionSharder whose fused optimizer keeps
@@ -473,7 +560,9 @@ def check_budget_choice(choose_sharder: Callable[[float], Any], launch: Callable
     the lab's budget (``BUDGET_FRACTION``) and for one it does not show (``UNSHOWN_BUDGET_FRACTION``), where
     row-wise Adagrad's state (1/16 of 16-wide tables) does not fit. Every table that exact Adagrad's sharder gets
     fused must be fused with the answer's too: a table moved to the dense kernel takes its state to the dense
-    optimizer (``training.optimizer``'s Adam), outside the fused state the budget is measured on.
+    optimizer (``training.optimizer``'s Adam), outside the fused state the budget is measured on. Then, without
+    training, it asks for ``UNTRAINED_BUDGETS`` too (1/18, where row-wise Adagrad does not fit, 1/16 and 1), and
+    compares each choice's state share of the tables with its budget.
     """
     if launch is None:
         from course_lib import launch
@@ -530,8 +619,10 @@ def check_budget_choice(choose_sharder: Callable[[float], Any], launch: Callable
                 "measurably worse",
                 hint,
             )
+    _check_untrained_budgets(choose_sharder, launch)
     chosen = "; ".join(f"{_fraction(r['budget'])}: {r['optimizer']} at lr {r['lr']:g}" for r in reports[0]["cases"])
+    untrained = ", ".join(_fraction(b) for b in UNTRAINED_BUDGETS)
     passed(
         f"for budgets {chosen}: state within each budget's share of the table bytes, and AUC within {AUC_MARGIN} of "
-        "exact Adagrad's"
+        f"exact Adagrad's; the choices for {untrained} fit their budgets too"
     )

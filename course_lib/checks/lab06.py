@@ -63,6 +63,12 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
         with trace.collectives() as log:
             with log.phase("forward"):
                 loss = next_token_loss(model(tokens), tokens)
+            # a group that reshards after its forward holds DTensor shards again; one that keeps its full
+            # parameters (reshard_after_forward=False) holds plain tensors until its backward
+            report["kept after forward"] = [
+                name for name in report["groups"]
+                if name and any(not is_sharded(p) for p in model.get_submodule(name).parameters())
+            ]
             with log.phase("backward"):
                 loss.backward()
         before = [p.detach().clone() for p in model.parameters()]
@@ -81,7 +87,9 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
 
 @exercise
 def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """Run `shard(model)` on 2 ranks with a 3-block TinyTransformer and check it is sharded FSDP2-style."""
+    """Run `shard(model)` on 2 ranks with a 3-block TinyTransformer and check it is sharded FSDP2-style: one
+    group per block and the root, every block resharding after its forward (the last may keep its parameters
+    for the backward, as torchtitan does)."""
     from course_lib.launcher.launch import LaunchError
 
     if launch is None:
@@ -182,6 +190,16 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             "blocks kept their full parameters from forward to backward",
             "leave reshard_after_forward at its default (True): that is what frees each block's full parameters "
             "after its forward, the memory FSDP saves",
+        )
+    early = [name for name in report["kept after forward"] if name != blocks[-1]]
+    if early:
+        fail(
+            f"{', '.join(early)} kept {'its' if len(early) == 1 else 'their'} full parameters after "
+            f"{'its' if len(early) == 1 else 'their'} forward (reshard_after_forward=False): they stay allocated "
+            "while every later block runs its forward and its backward, the memory FSDP saves; only the last block "
+            f"({blocks[-1]}), whose backward starts right after the forward, gains by keeping them",
+            "leave reshard_after_forward at its default (True) on every block; torchtitan sets False on the last "
+            "block only",
         )
     if not report["updated"]:
         fail(
@@ -323,7 +341,7 @@ def _hsdp_params() -> int:
 
 
 def layout_cases() -> list[Situation]:
-    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 4 larger
+    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 6 larger
     ones judged by the same accounting from the layout alone."""
     n = _hsdp_params()  # 30,080: 470 KiB of state whole, 235 KiB sharded 2 ways, 117.5 KiB 4 ways
     return [
@@ -335,6 +353,10 @@ def layout_cases() -> list[Situation]:
         Situation(2, 4, 1_000_000_000, 3 * _GiB, 150, 25),     # only FSDP over all 8 fits
         Situation(1, 8, 1_000_000_000, 40 * _GiB, 150, 25),    # one host, fits whole: replication
         Situation(2, 8, 1_000_000_000, 40 * _GiB, 25, 25),     # PCIe GPUs, no NVLink: replication
+        # HSDP fits, replication does not; equal links, yet HSDP beats FSDP over 8: its replicas all-reduce only
+        # a 1/4 shard, and 4-way shard groups send 3/4 of the parameter bytes, not 7/8
+        Situation(2, 4, 1_000_000_000, 6 * _GiB, 25, 25),
+        Situation(2, 8, 1_000_000_000, 40 * _GiB, 150, 120),   # fits whole, a fast cross link: replication beats HSDP
     ]
 
 
@@ -457,12 +479,12 @@ def _short(layout: list) -> str:
 
 @exercise
 def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 8
+    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 10
     cases the lab does not show, and judge each layout by its consequence.
 
     The 4 cases of 4 ranks are built: one launch of 4 ranks (gloo) shards ``TinyTransformer(**HSDP_MODEL)``
     on each layout's mesh, takes an Adam step, and reports the bytes of state each rank holds and the ranks
-    of its shard and replicate groups. The 4 larger cases (8 to 32 ranks, models of billions of parameters)
+    of its shard and replicate groups. The 6 larger cases (8 to 32 ranks, models of billions of parameters)
     cannot run here: they are judged by the same accounting computed from the layout's shape: 16 bytes per
     parameter / the shard group's size, and per step 3 (S-1)/S of the parameter bytes sent in the shard group
     and 2 (R-1)/R of a shard's in the replicate group, at the cross-host speed if the group spans hosts.
@@ -518,17 +540,19 @@ def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[...,
         if mine["seconds"] <= best["seconds"] * (1 + 1e-9):
             continue
         why = []
-        if mine["crossing shards"]:
+        slow = s.cross_gbps < s.intra_gbps  # with equal links, spanning hosts costs nothing more
+        if mine["crossing shards"] and slow:
             shown = ", ".join(map(str, mine["crossing shards"][:2])) + (", ..." if len(mine["crossing shards"]) > 2 else "")
             why.append(f"shard groups {shown} span hosts: every all-gather and reduce-scatter crosses the slow link")
         if mine["crossing replicas"] and mine["S"] == 1:
             why.append("every rank all-reduces all its gradients across hosts")
-        elif mine["crossing replicas"] and best["S"] > mine["S"]:
+        elif mine["crossing replicas"] and best["S"] > mine["S"] and slow:
             why.append(f"replica groups such as {mine['crossing replicas'][0]} span hosts: each step all-reduces "
                        f"1/{mine['S']} of the gradients over the slow link, where {best['S']}-way shards would "
                        f"send 1/{best['S']}")
         if mine["S"] > 1 and best["S"] < mine["S"]:
-            why.append(f"it shards {mine['S']} ways though {best['S']}-way fits: each rank sends "
+            fits = "the whole model fits one rank" if best["S"] == 1 else f"{best['S']}-way fits"
+            why.append(f"it shards {mine['S']} ways though {fits}: each rank sends "
                        f"{3 * (mine['S'] - 1)}/{mine['S']} of the parameter bytes per step in all-gathers and a "
                        "reduce-scatter")
         fail(
@@ -538,9 +562,10 @@ def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[...,
             "compute each layout's time (bytes sent in each group / the speed of the link that group uses) and "
             "keep the fastest that fits; a group spanning hosts runs at the cross-host speed",
         )
+    on_four = sum(s.world_size == 4 for s in cases)
     passed(
-        f"choose_layout fits the memory limit and sends the least in all {len(cases)} cases (4 measured on 4 ranks, "
-        f"4 of up to {max(s.world_size for s in cases)} ranks by the accounting)"
+        f"choose_layout fits the memory limit and sends the least in all {len(cases)} cases ({on_four} measured on 4 "
+        f"ranks, {len(cases) - on_four} of up to {max(s.world_size for s in cases)} ranks by the accounting)"
     )
 
 
@@ -561,6 +586,7 @@ def _build_on_rank(build: Callable[[Any], Any]) -> dict[str, Any]:
     3 SGD steps of the first against one process."""
     import torch
     import torch.distributed as dist
+    import torch.distributed.fsdp
     from torch.distributed.device_mesh import DeviceMesh
 
     from course_lib import memory
@@ -585,8 +611,21 @@ def _build_on_rank(build: Callable[[Any], Any]) -> dict[str, Any]:
         whole.extend(name for name, p in self.named_parameters() if p.is_meta and not is_sharded(p))
         return materialize(self, *args, **kwargs)
 
+    # parameters fully_shard was given already allocated: a model that reached it whole some other way (a copy
+    # of one built earlier, a state dict loaded with assign=True); read where the stub imports it, at call time
+    given_whole: list[tuple[Any, str, str]] = []  # (the module given, the parameter's name in it, its device)
+    shard = torch.distributed.fsdp.fully_shard
+
+    @functools.wraps(shard)
+    def recording_fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+        for one in module if isinstance(module, (list, tuple)) else [module]:
+            given_whole.extend((one, name, p.device.type) for name, p in one.named_parameters()
+                               if not p.is_meta and not is_sharded(p))
+        return shard(module, *args, **kwargs)
+
     TinyTransformer.__init__ = recording_init  # type: ignore[method-assign]
     torch.nn.Module.to_empty = recording_to_empty  # type: ignore[method-assign]
+    torch.distributed.fsdp.fully_shard = recording_fully_shard
     try:
         model = build(mesh)
     except Exception as error:  # noqa: BLE001
@@ -596,8 +635,15 @@ def _build_on_rank(build: Callable[[Any], Any]) -> dict[str, Any]:
     finally:
         TinyTransformer.__init__ = make  # type: ignore[method-assign]
         torch.nn.Module.to_empty = materialize  # type: ignore[method-assign]
+        torch.distributed.fsdp.fully_shard = shard
     report["built whole on"] = sorted({d for devices in built for d in devices if d != "meta"})
     report["materialized whole"] = whole
+    if isinstance(model, torch.nn.Module):
+        where = {id(module): name for name, module in model.named_modules()}
+        report["sharded whole"] = {
+            ".".join(filter(None, (where.get(id(module), type(module).__name__), name))): device
+            for module, name, device in given_whole
+        }
     if not isinstance(model, torch.nn.Module):
         report["error"] = f"build_on_mesh(mesh) returned a {type(model).__name__}, not the model"
         return report
@@ -679,7 +725,10 @@ def check_build_on_mesh(build_on_mesh: Callable[[Any], Any], launch: Callable[..
     2-3, shards within each) and reads the placements, the groups, the bytes each rank holds and the initial
     weights, then trains 3 SGD steps and compares them with one process on the whole batch, started from the
     same weights. It also calls it with a second, 1-D mesh of the 4 ranks: the parameters must be sharded
-    over that mesh (an answer that makes its own mesh ignores its argument).
+    over that mesh (an answer that makes its own mesh ignores its argument). While the first build runs, it
+    records the devices of each TinyTransformer made, what ``to_empty`` allocates, and any allocated (not meta,
+    not yet sharded) parameter given to ``torch.distributed.fsdp.fully_shard``: the model must reach the mesh
+    on meta.
     """
     if launch is None:
         from course_lib import launch
@@ -741,6 +790,16 @@ def check_build_on_mesh(build_on_mesh: Callable[[Any], Any], launch: Callable[..
             "were allocated whole on every rank, then cut",
             "fully_shard block by block and the root while the model is on meta; then model.to_empty(device='cpu') "
             "allocates only each rank's shards (and reset_parameters() fills them)",
+        )
+    if report.get("sharded whole"):
+        names, devices = list(report["sharded whole"]), sorted(set(report["sharded whole"].values()))
+        fail(
+            f"build_on_mesh gave fully_shard a model already allocated on {', '.join(devices)}: {len(names)} "
+            f"parameters ({', '.join(names[:2])}, ...) were whole on every rank before sharding, though no "
+            "TinyTransformer was built here (a copy of a model built earlier?): fine here, impossible for a model "
+            "that does not fit one rank",
+            "build it inside build_on_mesh: TinyTransformer(**lab06.HSDP_MODEL, device='meta'), fully_shard block "
+            "by block and the root, then model.to_empty(device='cpu') and reset_parameters()",
         )
     if report["uninitialized"]:
         names = report["uninitialized"]

@@ -15,7 +15,7 @@ import functools
 from typing import Any, Callable, Mapping
 
 from course_lib import data
-from course_lib.checks import checked_call, exercise, fail, is_number, launch_quietly, one_line, passed
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, is_number, launch_quietly, one_line, passed
 
 _TIMEOUT_S = 90.0
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
@@ -151,9 +151,11 @@ def _judge_start(reports: list[dict[str, Any]]) -> None:
         if kinds != sorted({n.rsplit(".", 1)[-1] for n in names}):  # e.g. the weights broadcast, the biases not
             fail(
                 f"the model starts from a patchwork of rank 0's and rank 1's rows in every {' and '.join(kinds)} "
-                "(the others are rank 0's): fully_shard kept each rank's own rows of what was not broadcast",
+                "(the others are rank 0's): fully_shard kept each rank's own rows of what was not broadcast (or "
+                "not yet: a broadcast with async_op=True that nobody waited for)",
                 f"broadcast every parameter of the dense modules, the {' and '.join(kinds)} too "
-                "(module.parameters(), not only some of them)",
+                "(module.parameters(), not only some of them); with async_op=True, wait() on each Work before "
+                "fully_shard",
             )
         fail(
             f"the model starts from a patchwork ({shown}): rank 0's rows of each dense parameter and rank 1's "
@@ -254,7 +256,7 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
     _judge_start(reports)
     if "train_error" in report:
         fail(f"training the hybrid model failed: {report['train_error']}",
-             "shard in place with fully_shard; DMP calls wrap() once, before any optimizer exists")
+             "shard in place with fully_shard; DMP calls wrap() once, after building the fused tables' optimizer and before you build the dense one")
     losses = report["losses"]
     head, tail = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
     if not tail < head:
@@ -335,9 +337,59 @@ def _bytes_hint(got: float, want: int, shapes: Mapping[str, tuple[int, ...]], wo
     return "per parameter: the rows this rank keeps (torch.chunk(rows, ranks)) × the other dims × 16 bytes (fp32 Adam)"
 
 
+# Shapes the lab never shows, on a world size the measurements do not use: FSDP2's torch.chunk gives 5 rows
+# 2, 2, 1, 0 on 4 ranks, 7 rows 2, 2, 2, 1, a 1-row parameter to rank 0 alone. An answer that reads another
+# tower than its `shapes` argument, or looks the measured numbers up, is right for the check's tower only.
+_FRESH_SHAPES: dict[str, tuple[int, ...]] = {"a": (5, 3), "b": (1,), "c": (7,), "d": (2, 2)}
+_FRESH_WORLD_SIZE = 4
+
+
+def _chunk_bytes(shapes: Mapping[str, tuple[int, ...]], world_size: int, rank: int) -> int:
+    """The reference, without a launch: 16 bytes (fp32 param, grad, Adam's two states) per value of the rows
+    torch.chunk gives `rank` of each parameter's dim 0."""
+    import math
+
+    import torch
+
+    total = 0
+    for shape in shapes.values():
+        chunks = torch.arange(shape[0]).chunk(world_size)
+        rows = len(chunks[rank]) if rank < len(chunks) else 0
+        total += 16 * rows * math.prod(shape[1:])
+    return total
+
+
+def _check_fresh_shapes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int], Any]) -> None:
+    """Fail unless `predict` gives the torch.chunk bytes for ``_FRESH_SHAPES`` on every rank of
+    ``_FRESH_WORLD_SIZE``."""
+    tower = dense_shapes()
+    for rank in range(_FRESH_WORLD_SIZE):
+        call = f"fsdp_dense_bytes({_FRESH_SHAPES}, {_FRESH_WORLD_SIZE}, {rank})"
+        try:
+            got = checked_call("fsdp_dense_bytes", predict, dict(_FRESH_SHAPES), _FRESH_WORLD_SIZE, rank)
+        except NotImplementedError:
+            fail("fsdp_dense_bytes is not written yet", "replace `raise NotImplementedError()` with your code")
+        except CheckFailed:
+            raise
+        except Exception as error:
+            fail(f"{call} raised {one_line(error)}: the formula is right for the check's tower only",
+                 "compute from the shapes argument, for any world_size and rank")
+        want = _chunk_bytes(_FRESH_SHAPES, _FRESH_WORLD_SIZE, rank)
+        if not is_number(got) or got != want:
+            ignored = is_number(got) and got == _chunk_bytes(tower, _FRESH_WORLD_SIZE, rank)
+            fail(
+                f"{call} = {got!r}; FSDP2 (torch.chunk) keeps {want:,} bytes there: the formula is right for the "
+                "measured tower only, so the lab's next cell (another width) would print the wrong numbers",
+                "use the shapes argument: that is the check's own tower's answer, whatever shapes it is given"
+                if ignored else (_bytes_hint(got, want, _FRESH_SHAPES, _FRESH_WORLD_SIZE, rank) if is_number(got)
+                                 else "return a number of bytes"),
+            )
+
+
 @exercise
 def check_dense_bytes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int], Any]) -> None:
-    """Compare `predict(shapes, world_size, rank)` with the dense bytes measured on each of 2 and 3 ranks."""
+    """Compare `predict(shapes, world_size, rank)` with the dense bytes measured on each of 2 and 3 ranks, then
+    (no launch) with torch.chunk's split of shapes the lab does not show (``_FRESH_SHAPES``) on 4 ranks."""
     shapes = dense_shapes()
     predictions: dict[int, list[float]] = {}
     for world_size in (2, 3):  # the learner's answers first: a wrong type fails before any launch
@@ -359,5 +411,6 @@ def check_dense_bytes(predict: Callable[[Mapping[str, tuple[int, ...]], int, int
                     f"{rank}, measured {want:,}",
                     _bytes_hint(got, want, shapes, world_size, rank),
                 )
+    _check_fresh_shapes(predict)
     shown = ", ".join(f"{n:,}" for n in measured_dense_bytes(3))
     passed(f"your formula matches the dense bytes measured on every rank of 2 and 3 (on 3 ranks: {shown})")

@@ -248,6 +248,30 @@ def _call_reload(reload: Callable[..., Any], folder: str, config: data.ClickLogC
     return app
 
 
+def _not_an_int(step: Any) -> bool:
+    """Whether a restored step is something other than an int (Python's or NumPy's; not a bool): a tensor or a
+    float compares equal to the right number, yet breaks the loop that uses it."""
+    import numbers
+
+    return step is not None and (not isinstance(step, numbers.Integral) or isinstance(step, bool))
+
+
+_INT_STEP_HINT = ("keep the step an int: put self.step in the state dict as it is (DCP saves Python ints), not "
+                  "torch.tensor(self.step) or float(self.step), and set self.step from it unchanged")
+_INT_STEP_RELOAD_HINT = ("return the step as the checkpoint holds it, an int (dcp.load gives back the Python int that "
+                         "was saved): do not wrap it in torch.tensor() or float()")
+
+
+def _fail_not_an_int(step: Any, where: str = "", after: str = "after loading", hint: str = _INT_STEP_HINT) -> None:
+    """Fail for a step that came back as a tensor or a float (see `_not_an_int`): what that breaks, and the fix."""
+    fail(
+        f"{where}app.step is {step!r} {after}, a {type(step).__name__}, not an int: the loop that resumes from it "
+        "breaks (checkpoint.step_folder(app.step) formats it with :d, which a float refuses; losses[app.step] keys "
+        "a dict by the tensor object, so losses[3] is not found; app.step += 1 changes a tensor in place)",
+        hint,
+    )
+
+
 # ------------------------------------------------------------------------------------------ exercise 1
 
 
@@ -356,6 +380,8 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
             f"Adam's state for the dense part was not restored (off by {differences['adam']:.3g})",
             "model.fused_optimizer only holds the tables' optimizer: save self.optimizer, which combines both",
         )
+    if _not_an_int(report["step"]):
+        _fail_not_an_int(report["step"], after=f"after loading a checkpoint taken at step {_SAVED_AT}")
     if report["step"] != _SAVED_AT:
         fail(
             f"the step was not restored: app.step is {report['step']} after loading a checkpoint taken at step {_SAVED_AT}",
@@ -379,6 +405,8 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
             "self.optimizer.load_state_dict(state_dict['optimizer']) (a state dict loaded any other way, e.g. from "
             "a dcp_to_torch_save file, shares no tensor with your model)",
         )
+    if _not_an_int(report["fresh_step"]):
+        _fail_not_an_int(report["fresh_step"], after="after load_state_dict() alone")
     if report["fresh_step"] != _SAVED_AT:
         fail(f"load_state_dict() leaves the step at {report['fresh_step']}, the state dict says {_SAVED_AT}",
              "set self.step from the state dict in load_state_dict()")
@@ -690,6 +718,8 @@ def _judge_reload(results: list[list[dict[str, Any]]], references: list[dict[str
         )
     if differences["fused"] > 0:
         fail(f"{where}the fused optimizer's state was not restored (off by {differences['fused']:.3g})", "load the optimizer too")
+    if _not_an_int(report["step"]):
+        _fail_not_an_int(report["step"], where, after="after reload", hint=_INT_STEP_RELOAD_HINT)
     if report["step"] != step:
         fail(f"{where}the reloaded step is {report['step']}, the checkpoint was taken at step {step}",
              "return the AppState you loaded into")
@@ -816,6 +846,8 @@ def _judge_mixed(report: dict[str, Any], reference: dict[str, torch.Tensor], sta
     if _largest_difference(state, reference, weights) > 1e-6:
         fail(f"{where}the reloaded weights are not the checkpoint's",
              "load the model's state dict (every table, whatever its new layout, and the dense part)")
+    if _not_an_int(report["step"]):
+        _fail_not_an_int(report["step"], where, after="after reload", hint=_INT_STEP_RELOAD_HINT)
     if report["step"] != saved_at:
         fail(f"{where}the reloaded step is {report['step']}, the checkpoint was taken at step {saved_at}",
              "load the step too: the data order and any schedule depend on it")

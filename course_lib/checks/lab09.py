@@ -2,13 +2,15 @@
 lookup bandwidth, a multi-node torchrun command."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
-from course_lib.checks import exercise, fail, is_number, passed
+from course_lib.checks import exercise, fail, is_number, one_line, passed, raise_if_unwritten
 
 LOAD_FACTORS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 HBM_GIB = 16
+FRESH_HBM_GIB = 20  # a second cluster, whose answer (0.9) the lab does not show
 WORLD_SIZE, RANKS_PER_NODE = 64, 8
 
 
@@ -38,6 +40,7 @@ def caching_constraints(tables: Sequence[Any], load_factor: float) -> dict[str, 
     }
 
 
+@functools.lru_cache(maxsize=None)  # a plan takes seconds, and a rerun check asks the same questions
 def plan_fits(load_factor: float, hbm_gib: float = HBM_GIB) -> bool:
     """Does the planner find a plan for the production tables, all UVM-cached at `load_factor`, on 64 GPUs of `hbm_gib`?"""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -58,9 +61,18 @@ def plan_fits(load_factor: float, hbm_gib: float = HBM_GIB) -> bool:
     return True
 
 
+def largest_fitting(hbm_gib: float) -> float | None:
+    """The largest of LOAD_FACTORS whose cached plan fits 64 GPUs of `hbm_gib` (searched from the top), or None."""
+    return next((f for f in sorted(LOAD_FACTORS, reverse=True) if plan_fits(f, hbm_gib)), None)
+
+
 @exercise
-def check_load_factor(load_factor: float) -> None:
-    """`load_factor` must be the largest of LOAD_FACTORS for which the cached plan fits 64 GPUs of 16 GiB."""
+def check_load_factor(load_factor: float, search: Callable[[float], Any] | None = None) -> None:
+    """`load_factor` must be the largest of LOAD_FACTORS for which the cached plan fits 64 GPUs of 16 GiB.
+
+    With `search`, the function that found it (``largest_fitting_load_factor(hbm_gib)``), the check also runs it
+    for 64 GPUs of FRESH_HBM_GIB, whose answer the lab does not show: a load factor typed in, or a search that
+    plans 16 GiB whatever it is asked, gives the 16 GiB answer there too (4 more plans, a few seconds)."""
     if load_factor not in LOAD_FACTORS:
         fail(f"{load_factor!r} is not one of the load factors on the menu {LOAD_FACTORS}")
     if not plan_fits(load_factor):
@@ -74,7 +86,24 @@ def check_load_factor(load_factor: float) -> None:
             f"load factor {load_factor} fits, but so does {bigger[0]}",
             "pick the largest that fits: a bigger cache keeps more hot rows in HBM, so fewer lookups miss to host memory",
         )
-    passed(f"load factor {load_factor}: the largest cache that fits {WORLD_SIZE} GPUs of {HBM_GIB} GiB")
+    if search is None:
+        passed(f"load factor {load_factor}: the largest cache that fits {WORLD_SIZE} GPUs of {HBM_GIB} GiB")
+        return
+    try:
+        got = search(FRESH_HBM_GIB)
+    except Exception as error:
+        raise_if_unwritten(error)
+        fail(f"your search raised {one_line(error)} for {WORLD_SIZE} GPUs of {FRESH_HBM_GIB} GiB",
+             "give it the HBM per GPU as its argument and plan that: plan_cluster(hbm_gib, ...)")
+    want = largest_fitting(FRESH_HBM_GIB)
+    if got != want:
+        fail(f"for {WORLD_SIZE} GPUs of {FRESH_HBM_GIB} GiB your search gives {got!r}, but the largest cache that fits "
+             f"there is {want}" + (f": the same answer as for {HBM_GIB} GiB, as if typed in or planned for "
+                                   f"{HBM_GIB} GiB whatever hbm_gib says" if got == load_factor else ""),
+             "search the menu with the planner at the HBM you are given: plan_cluster(hbm_gib, "
+             "lab09.caching_constraints(TABLES, factor)) for each factor, from the largest down")
+    passed(f"load factor {load_factor}: the largest cache that fits {WORLD_SIZE} GPUs of {HBM_GIB} GiB "
+           f"(and your search finds {want} for {FRESH_HBM_GIB} GiB)")
 
 
 # ------------------------------------------------------------------------ a plan under two budgets
@@ -126,6 +155,37 @@ def plan_estimates(constraints: dict[str, Any] | None, hbm_cap_gib: float = PLAN
 
 # ParameterConstraints fields that describe the workload to the planner's estimators, not a choice of plan
 _WORKLOAD_FIELDS = ("pooling_factors", "num_poolings", "batch_sizes", "is_weighted")
+# CacheParams fields that describe the training pipeline or the ids to the estimators, not the cache: with
+# prefetch_pipeline the planner prices every cached lookup at HBM bandwidth whatever the load factor
+# (kernel_bw_lookup in torchrec/distributed/planner/constants.py); stats carries the ids' cache hit rate
+_PIPELINE_CACHE_FIELDS = {
+    "prefetch_pipeline": "describes the training pipeline (a prefetching TrainPipelinePrefetch, which the course "
+                         "does not run), not the plan: with it the planner prices every cached lookup at HBM speed "
+                         "whatever the load factor, so a cache of 1% of the rows looks as fast as all rows in HBM",
+    "stats": "describes the ids (their cache hit rate), not the plan: the planner then estimates the misses from "
+             "figures you typed in, not from the load factor",
+    "multipass_prefetch_config": "describes how a prefetching training pipeline (which the course does not run) "
+                                 "splits its prefetch, not the plan: the planner sizes that pipeline's buffers by it",
+}
+# the kernels that serve plain tables (EmbeddingBagConfig, use_virtual_table=False) in HBM, host memory or a cache;
+# dense is data_parallel's. key_value and the *_virtual_table kernels are for key-value (virtual) tables
+_PLAIN_KERNELS = ("fused", "fused_uvm", "fused_uvm_caching", "dense")
+
+
+def _not_a_plain_kernel(kernel: str) -> str:
+    """Why `kernel` (not in _PLAIN_KERNELS) is no layout for the production tables."""
+    if not isinstance(kernel, str):
+        return (f"{kernel!r} is not a kernel's name, and the planner matches names: compute_kernels takes strings "
+                "such as EmbeddingComputeKernel.FUSED.value ('fused')")
+    if kernel != "key_value" and not kernel.endswith("_virtual_table"):
+        return (f"{kernel} is no kernel the EmbeddingBagCollectionSharder offers for these tables, so the planner "
+                "has nothing to place them with")
+    where = "on SSD" if kernel in ("key_value", "ssd_virtual_table") else \
+        "in host DRAM and on SSD" if kernel == "dram_ssd_virtual_table" else "in host memory"
+    priced = (", and the planner prices its lookups at the full host-to-GPU bandwidth, 10 times fused_uvm's, so rows "
+              "kept off the GPU look cheap" if kernel.endswith("_virtual_table") else "")
+    return (f"{kernel} is a kernel for virtual (key-value) tables, with rows {where}: these are plain tables "
+            f"(EmbeddingBagConfig, use_virtual_table=False), which DMP cannot shard with it{priced}")
 
 
 @exercise
@@ -134,7 +194,9 @@ def check_budget_plan(constraints: Any) -> None:
     the planner's plan on 64 x 80 GiB meet both budgets, by the planner's own estimates: at most
     HBM_BUDGET_GIB of HBM on every rank, at most COMMS_BUDGET_MS of communication on the busiest rank; and it may not
     buy the memory with time the communication estimate leaves out (rows read from host memory): at most
-    STEP_BUDGET_MS for the busiest rank's embedding step in all."""
+    STEP_BUDGET_MS for the busiest rank's embedding step in all. The constraints may not describe the workload
+    (_WORKLOAD_FIELDS) or the training pipeline (_PIPELINE_CACHE_FIELDS) to the estimators, and every table must
+    be on a kernel for plain tables (_PLAIN_KERNELS), whether the constraints or the planner chose it."""
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.types import PlannerError
 
@@ -158,6 +220,18 @@ def check_budget_plan(constraints: Any) -> None:
                      "(ids per bag, bags per step, weights), not the plan",
                      "the planner then estimates a lighter workload than the model's; leave the workload at its "
                      "defaults and choose sharding types, kernels and cache load factors")
+        cache = constraint.cache_params
+        for field, why in _PIPELINE_CACHE_FIELDS.items():
+            value = getattr(cache, field, None)
+            if value is not None and value is not False:
+                fail(f"the constraint of {name} sets cache_params.{field}={value!r}: that {why}",
+                     "leave it unset: a cache is chosen by its load factor (CacheParams(load_factor=...)), and the "
+                     "step budget counts the lookups that miss it")
+        foreign = [k for k in (constraint.compute_kernels or ()) if k not in _PLAIN_KERNELS]
+        if foreign:
+            fail(f"the constraint of {name} allows the {foreign[0]} kernel: {_not_a_plain_kernel(foreign[0])}",
+                 "choose among fused (every row in HBM), fused_uvm (every row in host memory) and fused_uvm_caching "
+                 "(a cache in HBM of a load factor of the rows)")
     try:
         found = plan_estimates(constraints)
     except PlannerError:
@@ -170,6 +244,11 @@ def check_budget_plan(constraints: Any) -> None:
              "on no rank, so its bytes and traffic are in no estimate",
              "a constraint that this cluster cannot meet (device_group='cpu' on a GPU topology, ...) drops its "
              "table from the plan: constrain sharding types, kernels and cache load factors")
+    chosen = sorted((kernel, name) for name, (_, kernel) in found["tables"].items() if kernel not in _PLAIN_KERNELS)
+    if chosen:
+        kernel, name = chosen[0]
+        fail(f"the planner's plan puts {name} on the {kernel} kernel: {_not_a_plain_kernel(kernel)}",
+             "name the kernels in compute_kernels: fused, fused_uvm or fused_uvm_caching")
     hbm, comms = found["max HBM GiB"], found["max comms ms"]
     kinds = sorted({f"{kind} ({kernel})" for kind, kernel in found["tables"].values()})
     said = f"the planner's estimates for your plan ({', '.join(kinds)}): {hbm:.1f} GiB of HBM on the fullest rank, " \
@@ -252,14 +331,18 @@ def torchrun_meaning(argv: Sequence[str]) -> dict[str, Any]:
     ``parse_min_max_nnodes``, ``get_rdzv_endpoint``, and the rendezvous backends' endpoint parsing).
 
     Returns the effective rendezvous (backend, host, port, id), the node range, the node rank (static only),
-    the processes per node, and the program. Raises ValueError with torchrun's complaint when it would refuse.
+    the processes per node (as given, and as the number torchrun reads from it: ``determine_local_world_size``,
+    None for auto, gpu, cpu), whether this node says it hosts the c10d store (``--rdzv-conf is_host=...``, as
+    ``_create_tcp_store`` reads it; None when unsaid, or with static, which ignores it) and the program. Raises
+    ValueError with torchrun's complaint when it would refuse.
     """
     import contextlib
     import io
     import os
     from unittest import mock
 
-    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config, parse_rendezvous_endpoint
     from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 
     argv = list(argv)
@@ -292,11 +375,21 @@ def torchrun_meaning(argv: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"the static rendezvous endpoint {endpoint!r} has no port")
     else:
         host, port = parse_rendezvous_endpoint(endpoint, 29400)  # c10d's DEFAULT_PORT
+    try:
+        configs = _parse_rendezvous_config(args.rdzv_conf)
+        is_host = RendezvousParameters(backend, endpoint, run_id, min_nodes, max_nodes, **configs).get_as_bool("is_host")
+    except ValueError as error:
+        raise ValueError(f"--rdzv-conf {args.rdzv_conf}: {error}") from None
+    try:
+        local_world_size = int(args.nproc_per_node)  # determine_local_world_size
+    except ValueError:
+        local_world_size = None
     return {
         "backend": backend, "host": host, "port": port, "id": run_id, "overridden": overridden,
         "endpoint_given": bool(args.rdzv_endpoint), "master_given": (args.master_addr != "127.0.0.1" or port_given is not None),
         "nodes": (min_nodes, max_nodes), "node_rank": args.node_rank if backend == "static" else None,
-        "nproc_per_node": args.nproc_per_node, "module": args.module, "no_python": args.no_python,
+        "nproc_per_node": args.nproc_per_node, "local_world_size": local_world_size,
+        "is_host": is_host if backend == "c10d" else None, "module": args.module, "no_python": args.no_python,
         "run_path": args.run_path, "script": args.training_script, "script_args": list(args.training_script_args),
     }
 
@@ -332,11 +425,11 @@ def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> No
                 fail(f"{where}: --nnodes says {low if low == high else f'{low}:{high}'}",
                      "--nnodes is the number of machines (torchrun per machine), not of processes"
                      + ("" if meaning["backend"] != "static" else "; a static rendezvous needs exactly that many"))
-            if meaning["nproc_per_node"] != str(nproc):
+            if meaning["local_world_size"] != nproc:
                 hint = ("that is the world size: torchrun starts --nproc-per-node processes on THIS node, one per local GPU"
-                        if meaning["nproc_per_node"] == str(nnodes * nproc) else
+                        if meaning["local_world_size"] == nnodes * nproc else
                         "pass the number you were given: 'auto' and 'gpu' count this machine's devices (or CPU cores)"
-                        if not meaning["nproc_per_node"].isdigit() else
+                        if meaning["local_world_size"] is None else
                         "torchrun starts that many processes on THIS node: one per local GPU, not the world size")
                 fail(f"{where}: --nproc-per-node is {meaning['nproc_per_node']}", hint)
             if meaning["overridden"] == "--standalone" and nnodes > 1:
@@ -356,6 +449,13 @@ def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> No
                 fail(f"{where}: the rendezvous is at {meaning['host']}:{meaning['port']}",
                      f"every node meets at the head node: {head}:{port} (--master-addr {head} --master-port {port}, "
                      f"or --rdzv-endpoint {head}:{port} with c10d); torchrun's static default port is 29500")
+            if nnodes > 1 and meaning["is_host"] is not None and meaning["is_host"] != (node_rank == 0):
+                fail(f"{where}: --rdzv-conf is_host={str(meaning['is_host']).lower()} "
+                     + ("tells the head, node 0, not to host the c10d store: no node starts it, and every node "
+                        f"fails to connect to {head}:{port}" if node_rank == 0 else
+                        f"makes this node start a c10d store of its own: it is not the head ({head}:{port}), and the "
+                        "other nodes never connect to it"),
+                     "leave is_host unset: c10d hosts the store on the node whose address is the endpoint's")
             if meaning["no_python"] or meaning["run_path"] or not meaning["module"] or meaning["script"] != "course_lib.run":
                 fail(f"{where}: torchrun would run {meaning['script']!r} as "
                      f"{'a module' if meaning['module'] else 'a program' if meaning['no_python'] else 'a script file'}",
@@ -377,4 +477,4 @@ def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> No
                 fail(f"{nnodes} nodes with a static rendezvous: their --node-rank values are {ranks}",
                      "every node needs its own rank, 0 to nnodes - 1 (without --node-rank all say 0); or let c10d "
                      "assign them")
-    passed("torchrun would start every node of the three jobs (2 x 1, 8 x 8, 1 x 4) into one rendezvous at the head")
+    passed("torchrun would start every node of the three jobs (2 x 1, 8 x 8, 1 x 4) into one rendezvous (at the head node, for the two jobs of several nodes)")

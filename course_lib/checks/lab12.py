@@ -11,6 +11,7 @@ from course_lib.checks import (
     checked_call,
     exercise,
     fail,
+    is_number,
     launch_quietly,
     one_line,
     passed,
@@ -97,7 +98,31 @@ def _bytes_cases() -> list[tuple[parallel2d.Tower, int, int]]:
         (parallel2d.Tower(dim=48, n_heads=6, hidden=96, n_layers=3), 1, 4),
         (parallel2d.Tower(dim=64, n_heads=8, hidden=256, n_layers=1), 4, 2),
         (parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=4).to(torch.bfloat16), 8, 1),  # 2 bytes per value
+        (_bf16_linears(parallel2d.Tower(dim=64, n_heads=8, hidden=128, n_layers=2)), 2, 4),  # 2 and 4 bytes per value
     ]
+
+
+def _bf16_linears(model: nn.Module) -> nn.Module:
+    """`model` with its Linear layers in bfloat16 and the rest (the LayerNorms) left in float32, as mixed-precision
+    LLM training keeps them: the parameters of one model then have two element sizes."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.to(torch.bfloat16)
+    return model
+
+
+def _dtypes(model: nn.Module) -> str:
+    """``"bfloat16 (2 bytes per value)"``, or for a mixed model each kind of layer's dtype."""
+    def named(p: Any) -> str:
+        return f"{str(p.dtype).removeprefix('torch.')} ({p.element_size()} byte{'s' if p.element_size() > 1 else ''} per value)"
+
+    linear = {named(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    other = {named(p) for p in model.parameters()} - linear
+    if not other or linear == other:
+        return next(iter(linear))
+    return f"{' and '.join(sorted(linear))} in its Linear weights, {' and '.join(sorted(other))} in its LayerNorms"
 
 
 @exercise
@@ -110,6 +135,9 @@ def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"bytes_per_rank raised {one_line(error)} (dp={dp}, tp={tp})")
+        if not is_number(got):
+            fail(f"bytes_per_rank returned {type(got).__name__} {got!r} (dp={dp}, tp={tp})",
+                 "return a number of bytes, an int: int(...) of a tensor's value, or sums of p.numel() * p.element_size()")
         if got == want:
             continue
         total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -126,14 +154,17 @@ def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -
             fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it ignores tensor parallelism")
         if got == total // tp or got == linear // tp + (total - linear):
             fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it ignores FSDP over dp")
-        size = next(model.parameters()).element_size()
-        if size != 4 and got == want * 4 // size:
-            fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it counts 4 bytes per value, but this "
-                 f"Tower is {str(next(model.parameters()).dtype).removeprefix('torch.')} ({size} bytes per value)",
-                 "count each parameter's bytes: p.numel() * p.element_size()")
+        values = sum(p.numel() for p in model.parameters())
+        linear_values = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+        for size in sorted({4} | {p.element_size() for p in model.parameters()}, reverse=True):
+            if got == linear_values * size // (dp * tp) + (values - linear_values) * size // dp:  # one size for all
+                fail(f"bytes_per_rank gave {got:,} for {case}, expected {want:,}: it counts {size} bytes for every "
+                     f"value, but this Tower holds {_dtypes(model)}",
+                     "count each parameter's own bytes: p.numel() * p.element_size()")
         fail(f"bytes_per_rank gave {got!r} for {case}, expected {want:,}",
              "Linear weights / (dp * tp) + the other parameters / dp, in bytes (fp32: 4 per value)")
-    passed("bytes_per_rank: Linear weights split dp x tp ways, LayerNorms dp ways (4 layouts, 4 model sizes)")
+    passed("bytes_per_rank: Linear weights split dp x tp ways, LayerNorms dp ways (5 layouts, 5 models: fp32, bf16 "
+           "and bf16 Linears with fp32 LayerNorms)")
 
 
 # ------------------------------------------------------------------------------------------ exercise 3
@@ -178,6 +209,9 @@ def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
         (6, 6, wide, 40_000, "6 heads, 6 ranks on one host, 40,000 bytes"),  # only tp = 6, dp = 1: nothing gathered
         # tp = 3 fits the budget and is at most a host, but its groups 3, 4, 5 and 6, 7, 8 span hosts: nothing fits
         (12, 4, wide, 60_000, "6 heads, 12 ranks on 3 hosts of 4, 60,000 bytes"),
+        # tp = 8 divides a host and the heads, and fits, but not the 12 ranks (dp = 1.5): nothing fits
+        (12, 8, parallel2d.Tower(dim=64, n_heads=8, hidden=128, n_layers=2), 36_000,
+         "8 heads, 12 ranks on hosts of 8, 36,000 bytes"),
     ]
 
 
@@ -207,7 +241,9 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
         dp, tp = got
         heads = model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
         if dp * tp != world:
-            fail(f"choose_mesh returned {got} for {what}: dp x tp must use all {world} ranks")
+            fail(f"choose_mesh returned {got} for {what}: dp x tp must use all {world} ranks",
+                 f"{world} ranks split into dp groups of tp only when tp divides the world size: test world_size % tp "
+                 "as well as the heads and ranks_per_host")
         if heads % tp:
             fail(f"choose_mesh returned {got} for {what}: {heads} heads do not split over tp={tp}",
                  "each tensor-parallel rank computes whole heads")
@@ -231,7 +267,7 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
             fail(f"choose_mesh returned {got} for {what}; no mesh fits, so it should return None")
         fail(f"choose_mesh returned {got} for {what}; {want} also fits with less tensor parallelism",
              "prefer the smallest tp that fits: more data parallelism, fewer per-layer all-reduces")
-    passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (7 cases)")
+    passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (8 cases)")
 
 
 # ------------------------------------------------------------------------------------------ exercise 4
