@@ -425,3 +425,65 @@ def test_the_check_hands_each_machine_unchanged_to_the_next_call():
 
 def test_install_plan_check_rejects_versions_that_are_not_strings():
     rejects(lab00.check_install_plan, lambda facts: {**install_plan(facts), "torchrec": 1.8}, match="not strings")
+
+
+# ------------------------------------------------------------------ wrong answers found later (adversarial fix)
+
+
+def returns_the_tensor():  # rank_sum is the reduced tensor itself, not the number in it
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "rank_sum": t}
+
+
+def integer_tensor():  # a right answer: an int64 tensor, read with .item(), gives an int sum
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([dist.get_rank()])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "rank_sum": t.item()}
+
+
+def test_first_group_check_rejects_a_tensor_for_the_sum():
+    rejects(lab00.check_first_group, returns_the_tensor, match="a tensor: the exercise asks for the sum, a number")
+
+
+def test_first_group_check_accepts_an_integer_sum(capsys):
+    lab00.check_first_group(integer_tensor)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _pair(torch_version, stack):
+    def plan(facts):
+        if facts.gpu_count > 0:
+            return {"torch": f"{torch_version}+cu126", "fbgemm-gpu": stack, "torchrec": stack}
+        return {"torch": f"{torch_version}+cpu", "fbgemm-gpu-cpu": stack, "torchrec": stack}
+    return plan
+
+
+def install_matching_the_machines_torchrec(facts):  # the doctor's own basis: pair torch and fbgemm with its torchrec
+    y = int(facts.torchrec_version.split(".")[1])
+    return _pair(f"2.{y + 5}.0", f"1.{y}.0")(facts)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        # a whole stack one release up or down: in lockstep, so the doctor finds nothing, but not the course's
+        (_pair("2.14.0", "1.9.0"), "(?s)machine A .*not the course's"),
+        (_pair("2.12.0", "1.7.0"), "(?s)machine A .*not the course's"),
+        (install_matching_the_machines_torchrec, "(?s)machine D .*'torchrec': '1.9.0'.*not the course's"),
+    ],
+)
+def test_install_plan_check_rejects_a_stack_in_lockstep_off_the_pins(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab00.check_install_plan(wrong)
+
+
+def test_install_plan_check_accepts_patch_releases_of_the_pins(capsys):  # a right answer: 2.13.1 is torch 2.13
+    lab00.check_install_plan(lambda facts: {**install_plan(facts), "torch": install_plan(facts)["torch"].replace("2.13.0", "2.13.1")})
+    assert capsys.readouterr().out.startswith("✓")

@@ -565,3 +565,30 @@ def mean_by_reduce_scatter(x):  # combines on the way, but hands over a copy of 
 
 def test_mean_check_names_what_reduce_scatter_did():
     rejects(lab01.check_global_mean, mean_by_reduce_scatter, match="a copy of the pair for every rank")
+
+
+def slice_sizes_typed_in(x):  # the lab's two lengths (12 on 2 ranks, 10 on 3) typed in as slice sizes
+    p, r = dist.get_world_size(), dist.get_rank()
+    sizes = {2: [6, 6], 3: [4, 3, 3]}[p]
+    out = torch.empty(sizes[r], dtype=x.dtype)
+    dist.reduce_scatter(out, list(torch.split(x, sizes)))
+    return out
+
+
+def slice_of_the_labs_data(x):  # the sum worked out locally from the lab's data; the reduce-scatter only for show
+    p, r = dist.get_world_size(), dist.get_rank()
+    slices = list(torch.tensor_split(x, p))
+    dist.reduce_scatter(torch.empty_like(slices[r]), slices)
+    return torch.tensor_split(torch.stack(lab01.slice_example(p)).sum(0), p)[r]
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (slice_sizes_typed_in, "(?s)failed on 2 ranks with 7 values the lab does not show: .*work the slice sizes out from x"),
+        (slice_of_the_labs_data, "on 2 ranks with 7 values the lab does not show, rank 0 returned 6 values, its slice has 4"),
+    ],
+)
+def test_slice_check_runs_on_values_the_lab_does_not_show(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab01.check_slice_of_sum(wrong)

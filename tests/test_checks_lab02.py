@@ -464,11 +464,17 @@ def kjt_sorts_the_samples_in_place(samples, keys):  # mutates its input (and the
     return kjt_key_major(samples, keys)
 
 
+def kjt_sorts_the_keys_in_place(samples, keys):  # keys.sort(): the KJT follows the new order, and so did the check's
+    keys.sort()                                   # own list, which passed (adversarial round 2)
+    return kjt_key_major(samples, keys)
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
         (kjt_sorted_bags, "in another order: keep each bag's ids in the order the sample gives them"),
         (kjt_sorts_the_samples_in_place, "changed the samples it was given"),
+        (kjt_sorts_the_keys_in_place, "changed the keys it was given: ['user', 'items'] became ['items', 'user']"),
     ],
 )
 def test_kjt_check_rejects_answers_that_reorder_or_change_the_samples(wrong, words):

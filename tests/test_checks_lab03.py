@@ -316,3 +316,18 @@ def test_steering_budget_hint_names_no_copy_too_light_to_matter():
     with pytest.raises(CheckFailed, match="over the 136 KiB budget") as failure:
         lab03.check_steering(constraints, hosts_of)
     assert "constrain them too" not in str(failure.value) and "weighs less on each" in str(failure.value)
+
+
+def hosts_from_first_to_last(plan, ranks_per_host):  # every host between the first rank's and the last rank's
+    return {
+        name: set(range(min(s.ranks) // ranks_per_host, max(s.ranks) // ranks_per_host + 1))
+        for name, s in plan.plan[""].items()
+    }
+
+
+def test_steering_check_rejects_hosts_filled_in_from_first_to_last():
+    # right while every table's hosts are consecutive, as in every plan the planner makes of the lab's tables;
+    # two column shards on ranks 0 and 4 of 3 hosts x 2 leave host 1 out
+    rejects(lab03.check_steering, SOLUTION, hosts_from_first_to_last,
+            match="hosts_of says 'user' is on hosts [0, 1, 2], but it is on hosts [0, 2] (a plan on 3 hosts x 2 GPUs "
+                  "with 'user' column-wise on ranks 0 and 4)")

@@ -496,3 +496,19 @@ def test_pipelineable_pass_line_does_not_claim_where_the_dense_work_is(capsys):
     lab04.check_pipelineable(plain_dlrm, fold_and_cap)
     out = capsys.readouterr().out
     assert out.startswith("✓") and "stays in forward" not in out and "may stay in forward or move too" in out
+
+
+# ------------------------------------------------------------------ wrong answers found later (adversarial fix)
+
+
+def absolute_gap(logits, labels, split):  # "the gap" as a distance: a model that beats the optimum (a leak) is hidden
+    return abs(BinaryAUROC()(logits, labels).item() - data.bayes_optimal_auc(split))
+
+
+def gap_floored_at_zero(logits, labels, split):  # "nothing is left to learn" is 0, so never below it
+    return max(0.0, data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item())
+
+
+@pytest.mark.parametrize("wrong", [absolute_gap, gap_floored_at_zero])
+def test_auc_gap_check_rejects_a_gap_made_positive(wrong):
+    rejects(lab04.check_auc_gap, wrong, match="the gap was made positive")

@@ -75,6 +75,10 @@ def ema_rowwise_adagrad(learning_rate):  # "the row-wise one" from section 4's l
     )
 
 
+def the_optimizers_name(learning_rate):  # the name section 4 prints, as a string: fbgemm wants the enum
+    return EmbeddingBagCollectionSharder(fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": learning_rate})
+
+
 _FUSED_PARAMS = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
 
 
@@ -101,6 +105,7 @@ def test_rowwise_sharder_check_accepts_the_solution(capsys):
         (adam_on_cpu, "raised"),
         (plain_sgd, "keeps no state"),
         (one_shared_dict, "both sharders hold the same fused_params dict"),
+        (the_optimizers_name, "(?s)exact_row_wise_adagrad is not supported in CPU mode.*takes the enum.*not its name as a string"),
         (ema_rowwise_adagrad, "(?s)optimizer is ema_in_place_row_wise_adagrad: .*moving average .*EXACT_ROWWISE_ADAGRAD"),
     ],
 )
@@ -270,6 +275,12 @@ def true_division(num_rows, embedding_dim, world_size, optimizer):  # num_rows /
     return num_rows / world_size * per_row[optimizer] * 4
 
 
+def a_sixteenth_of_adagrad(num_rows, embedding_dim, world_size, optimizer):  # section 4's 1/16, for every width
+    if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+        return state_bytes_per_rank(num_rows, embedding_dim, world_size, EmbOptimType.EXACT_ADAGRAD) // 16
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
+
+
 def as_text(num_rows, embedding_dim, world_size, optimizer):  # formatted for printing
     return f"{state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)}"
 
@@ -302,6 +313,7 @@ def test_state_bytes_check_accepts_the_solution(capsys):
         (the_lab_world, "use the world_size argument"),
         (true_division, "returned 0.0, a float: a byte count is a whole number"),
         (as_text, "returned '0', a str"),
+        (a_sixteenth_of_adagrad, "1,000, 64, 4, EXACT_ROWWISE_ADAGRAD\\) = 4,000; expected 1,000\n.*1/16 only for the lab's"),
     ],
 )
 def test_state_bytes_check_rejects_wrong_answers(wrong, words):

@@ -360,10 +360,31 @@ def rule_read_off_the_cases(hosts, ranks_per_host, num_params, memory_limit, int
     return named["FSDP"]
 
 
+def strictly_under_the_limit(hosts, ranks_per_host, num_params, memory_limit, *rest):
+    return choose_layout(hosts, ranks_per_host, num_params, memory_limit - 1, *rest)
+
+
+def all_reduce_counted_once(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps):
+    """The solution's rule with the replicas' all-reduce sending (R-1)/R of a shard, not 2 (R-1)/R."""
+    world, param_bytes, best = hosts * ranks_per_host, 4 * num_params, None
+    for layout in layouts_of(hosts, ranks_per_host).values():
+        shards = len(layout[0]) if isinstance(layout[0], list) else len(layout)
+        replicas = world // shards
+        if predict_state(num_params, shards) > memory_limit:
+            continue
+        rows = layout if isinstance(layout[0], list) else [layout]
+        speed = lambda group: (cross_gbps if len({r // ranks_per_host for r in group}) > 1 else intra_gbps) * 1e9
+        seconds = (3 * (shards - 1) / shards * param_bytes / speed(rows[0])
+                   + (replicas - 1) / replicas * param_bytes / shards / speed([row[0] for row in rows]))
+        if best is None or seconds < best[0]:
+            best = (seconds, layout)
+    return best[1]
+
+
 def test_layout_check_accepts_the_solution(capsys):
     lab06.check_choose_layout(choose_layout)
     out = capsys.readouterr().out
-    assert out.startswith("✓") and "all 10 cases (4 measured on 4 ranks, 6 of up to 32 ranks" in out
+    assert out.startswith("✓") and "all 12 cases (4 measured on 4 ranks, 8 of up to 32 ranks" in out
 
 
 def test_layout_check_accepts_tuples_of_numpy_ints():
@@ -378,7 +399,8 @@ def test_layout_check_accepts_tuples_of_numpy_ints():
 
 def test_the_solution_meets_each_case_as_the_comments_say():
     cases = lab06.layout_cases()
-    want = ["replicate", "FSDP", "HSDP", "replicate", "HSDP", "FSDP", "replicate", "replicate", "HSDP", "replicate"]
+    want = ["replicate", "FSDP", "HSDP", "replicate", "HSDP", "FSDP", "replicate", "replicate", "HSDP", "replicate",
+            "HSDP", "HSDP"]
     assert len(cases) == len(want)
     for s, name in zip(cases, want):
         got = choose_layout(*s.args())
@@ -407,6 +429,14 @@ def test_the_solution_meets_each_case_as_the_comments_say():
         # HSDP whenever there are hosts and it fits, though a fast cross link makes replication cheaper
         (rule_read_off_the_cases, "2 hosts x 8 ranks.*120 GB/s between hosts: your layout .* takes 74.2 ms .*"
                                   "replication fits too .*it shards 8 ways though the whole model fits one rank"),
+        # "fits" read as strictly under the limit: HSDP's shards hold exactly 4 GB, the limit, and it picks FSDP
+        (strictly_under_the_limit, "2 hosts x 4 ranks, 1,000,000,000 parameters, 3.73 GiB per rank.*your layout "
+                                   "\\[0, 1, 2, 3, 4, 5, 6, 7\\] fits .*; HSDP holds exactly the 3.73 GiB limit per "
+                                   "rank, and a layout that holds no more than the limit fits"),
+        # an all-reduce counted as sending the gradients once, (R-1)/R, not twice (a reduce-scatter, then an
+        # all-gather): replication looks cheaper than HSDP where the cross link is half as fast as a host's
+        (all_reduce_counted_once, "2 hosts x 8 ranks.*75 GB/s between hosts: your layout \\[\\[0\\], \\[1\\], .* "
+                                  "takes 100.0 ms .*HSDP .* fits too and takes 76.7 ms"),
         (lambda *args: "HSDP", "return a list of ranks"),
         (lambda *args: [[0, 1], [2]], "same length"),
         (lambda *args: [0, 1, 2, 3], "this job has 32 ranks"),
@@ -590,3 +620,21 @@ def test_build_check_accepts_the_solution(capsys):
 def test_build_check_rejects_wrong_answers(build, words):
     with pytest.raises(CheckFailed, match=words):
         lab06.check_build_on_mesh(build)
+
+
+def predict_the_measured_model(num_params, world_size):  # its own count of the check's model, not num_params
+    from course_lib import memory
+    from course_lib.models import TinyTransformer
+
+    return predict_solution(memory.count_params(TinyTransformer(**lab06.BYTES_MODEL, device="meta")), world_size)
+
+
+def predict_the_measured_numbers(num_params, world_size):  # the measurements the failure messages print, looked up
+    return {k: v for k, v in lab06.measured_bytes(world_size)[1].items() if k != "total"}
+
+
+@pytest.mark.parametrize("wrong", [predict_the_measured_model, predict_the_measured_numbers])
+def test_bytes_check_rejects_an_answer_right_for_the_measured_model_only(wrong):
+    with pytest.raises(CheckFailed, match=r"predict_fsdp_bytes\(1,000,000, 8\) gives params=.* the formula is right for "
+                                          r"the measured model only"):
+        lab06.check_bytes_prediction(wrong)

@@ -287,6 +287,14 @@ def the_check_tower(shapes, world_size, rank):  # its own tower read inside, not
     return fsdp_dense_bytes(lab07.dense_shapes(), world_size, rank)
 
 
+def two_dims_at_most(shapes, world_size, rank):  # a row's size read as shape[1]: right for Linear layers only
+    total = 0
+    for shape in shapes.values():
+        per_rank = math.ceil(shape[0] / world_size)
+        total += 16 * max(0, min(per_rank, shape[0] - rank * per_rank)) * (shape[1] if len(shape) > 1 else 1)
+    return total
+
+
 MEASURED = {}  # (world_size, rank) -> bytes, typed in from the check's messages
 
 
@@ -326,8 +334,10 @@ def test_bytes_check_accepts_a_numpy_integer(capsys):
         (cut_the_last_dim, "you predicted"),
         (remainder_to_the_first_ranks, "numpy.array_split"),
         (no_gradients, "count the gradient too"),
-        (the_check_tower, r"(?s)fsdp_dense_bytes\(\{'a': \(5, 3\), .*\}, 4, 0\) = 5072; FSDP2 \(torch.chunk\) keeps 176 "
+        (the_check_tower, r"(?s)fsdp_dense_bytes\(\{'a': \(5, 3\), .*\}, 4, 0\) = 5072; FSDP2 \(torch.chunk\) keeps 240 "
                           r"bytes there: .*use the shapes argument"),
+        (two_dims_at_most, r"(?s)'e': \(3, 2, 2\)\}, 4, 0\) = 208; FSDP2 \(torch.chunk\) keeps 240 bytes there: the 3-D "
+                           r"parameter 'e' .*math.prod\(shape\[1:\]\), not shape\[1\]"),
         (the_measurements_looked_up, r"fsdp_dense_bytes\(.*, 4, 0\) raised KeyError: \(4, 0\): the formula is right "
                                      r"for the check's tower only"),
     ],

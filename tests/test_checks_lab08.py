@@ -306,6 +306,14 @@ def save_counting_the_next_step(app, root):  # moves the step on, as if saving w
     return folder
 
 
+def save_into_the_folder_the_check_shows(app, root):  # the ✓ line's step_000003 typed in: right at step 3 only
+    import torch.distributed.checkpoint as dcp
+
+    folder = os.path.join(root, "step_000003")
+    dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
 def test_save_check_accepts_the_solution(capsys):
     lab08.check_save(save)
     assert capsys.readouterr().out.startswith("✓")
@@ -324,6 +332,8 @@ def test_save_check_accepts_the_solution(capsys):
         (save_stepping_the_optimizer_first, "save changed the app it was handed: the model's weights, Adam's state"),
         (save_then_free_the_model, "save changed the app it was handed: the model and optimizer can no longer be read .* after the call"),
         (save_counting_the_next_step, "save changed the app it was handed: the step \\(now 4\\)"),
+        (save_into_the_folder_the_check_shows, "a second save\\(app, root\\), at step 5, returned .*step_000003.*does "
+                                               "not follow app.step"),
     ],
 )
 def test_save_check_rejects_wrong_answers(wrong, words):

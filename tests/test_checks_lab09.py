@@ -327,6 +327,11 @@ def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
         (lambda: _every_table(kernel="dram_ssd_virtual_table"), "dram_ssd_virtual_table is a kernel for virtual"),
         (lambda: {**_every_table("grid_shard"), **_every_table(kernel="dram_virtual_table", names=BIG)},
          "t00 allows the dram_virtual_table kernel"),  # only the big tables off the GPU
+        # the plain tables declared virtual: the planner sizes their rows at 0 bytes of HBM whatever the kernel, so
+        # table-row-wise on fused "passes" (0.1 GiB, 1.63 ms of comms, 1.86 ms a step)
+        (lambda: _every_table("table_row_wise", use_virtual_table=True), "t00 sets use_virtual_table=True: .*plain tables"),
+        (lambda: _every_table(kernel="fused", use_virtual_table=True), "sets use_virtual_table=True"),
+        (lambda: _every_table("table_row_wise", key_value_params=_kv()), "sets key_value_params="),
         # the enum, not its value: the planner matches kernel names, so no kernel of the sharder matches
         (lambda: _every_table("grid_shard", _fused_enum()), "is not a kernel's name.*FUSED.value"),
     ],
@@ -334,6 +339,12 @@ def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
 def test_budget_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
         lab09.check_budget_plan(wrong())
+
+
+def _kv():
+    from torchrec.distributed.types import KeyValueParams
+
+    return KeyValueParams()
 
 
 def _fused_enum():

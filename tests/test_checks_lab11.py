@@ -75,6 +75,15 @@ def test_qcomm_sharder_rejects_a_device_hard_coded():
             match="another device")
 
 
+def test_qcomm_sharder_rejects_every_device_taken_for_the_cpu():
+    # adversarial round 2: torch.device("cpu") whenever a device is given passed while the check asked only for "cpu"
+    # and None; on "cuda" the codecs must keep BF16
+    rejects(lab11.check_qcomm_sharder, lambda f, b, lr, d: sharder_from(f, b, lr, "cpu" if d is not None else None),
+            match="qcomm_sharder('FP16', 'BF16', 0.2, 'cuda'): the all-to-all codecs are forward FP16, backward FP16; "
+                  "expected FP16, BF16\nhint: the codecs were built for another device than the one asked for ('cuda'): "
+                  "BF16 came back as FP16, which they do only for the CPU")
+
+
 def test_qcomm_sharder_rejects_the_default_optimizer():
     rejects(lab11.check_qcomm_sharder, lambda f, b, lr, d: sharder_from(f, b, lr, d, optimizer=None),
             match="exact SGD")
@@ -426,9 +435,16 @@ def greedy_upward(tables, budget, cost):
         choice = best[1]
 
 
+def without_fp32(tables, budget, cost):
+    """Every choice but FP32's: the lab's FP16 costs nothing, so FP16 looks at least as good (adversarial round 2)."""
+    choices = [dict(zip(tables, combo)) for combo in itertools.product(PRECISIONS[1:], repeat=len(tables))]
+    return min((c for c in choices if table_bytes(tables, c) <= budget), key=lambda c: total(cost, c))
+
+
 @pytest.mark.parametrize(
     "wrong, match",
     [
+        (without_fp32, "FP32 is a choice too: here FP16 costs t_b 0.0001"),
         (lab_answer, "over the budget"),                                                  # hard-codes the lab's answer
         (lambda t, b, c: {n: "INT2" for n in t}, "more than needed"),                    # always the smallest
         (lambda t, b, c: {n: "INT4" for n in t}, "over the budget"),                     # one precision for all

@@ -208,6 +208,17 @@ def test_choose_mesh_passes_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def test_choose_mesh_passes_numpy_integers(capsys):
+    import numpy as np
+
+    def numpy_pair(world, per_host, model, budget):
+        got = good_mesh(world, per_host, model, budget)
+        return None if got is None else (np.int64(got[0]), np.int64(got[1]))
+
+    lab12.check_choose_mesh(numpy_pair)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def _heads(model):
     return model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
 
@@ -303,6 +314,14 @@ def test_choose_mesh_rejects_new_mistakes(answer, reason):
     (lambda w, h, m, b: "2x2", "return a pair"),
     # tp tested against the heads and the host but not the world: tp = 8 on 12 ranks leaves dp = 12 // 8 = 1
     (ignores_world, "(1, 8) for 8 heads, 12 ranks on hosts of 8, 36,000 bytes: dp x tp must use all 12 ranks"),
+    # adversarial round 2: dp = world_size / tp, a float: (2.0, 2) == (2, 2), so the right mesh's value passed
+    (lambda w, h, m, b: None if good_mesh(w, h, m, b) is None else (good_mesh(w, h, m, b)[0] * 1.0, good_mesh(w, h, m, b)[1]),
+     "return a pair (dp, tp) of ints, or None\nhint: world_size / tp is a float (2.0)"),
+    # ... and the heads counted as dim // 8: every other case's heads are 8 wide
+    (lambda w, h, m, b: next(((w // tp, tp) for tp in range(1, w + 1) if w % tp == 0 and h % tp == 0
+                              and (m.layers[0].attention.wq.out_features // 8) % tp == 0
+                              and lab12.reference_peak(m, w // tp, tp) <= b), None),
+     "(1, 8) for 4 heads of 16, 8 ranks on one host, 40,000 bytes: 4 heads do not split over tp=8"),
 ])
 def test_choose_mesh_rejects(answer, reason):
     rejects(lab12.check_choose_mesh, answer, match=reason)

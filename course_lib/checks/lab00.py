@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from course_lib.checks import CheckFailed, checked_call, exercise, fail, passed
-from course_lib.env import PINNED_TORCH, PINNED_TORCHMETRICS, PINNED_TORCHREC, EnvFacts, Report, _major_minor, _torch_for, doctor
+from course_lib.env import PINNED_FBGEMM, PINNED_TORCH, PINNED_TORCHMETRICS, PINNED_TORCHREC, EnvFacts, Report, _major_minor, _torch_for, doctor
 
 # What collect_facts records for an import that fails: "ExceptionType: message" (course_lib.env._import_error).
 _ERROR = re.compile(r"^[A-Za-z_][\w.]*: \S")
@@ -282,7 +282,8 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
     """`install_plan(facts)` says which packages a broken machine should end up with; the check installs them
     in simulation (:func:`after_install`), re-runs the doctor with the group the machine must start (NCCL on a
     GPU node, gloo on a laptop), and wants no error and no warning, on every machine of :func:`broken_machines`
-    and of :func:`_fresh_machines` (three the lab does not show)."""
+    and of :func:`_fresh_machines` (three the lab does not show), with the course's pinned releases (a whole stack
+    one release up or down is in lockstep, so the doctor accepts it, but the labs are not written for it)."""
     from course_lib.checks import one_line
 
     for label, facts in {**broken_machines(), **_fresh_machines()}.items():
@@ -338,6 +339,19 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
                 f"after installing {dict(plan)} on machine {label}, the doctor still says: {first.summary}",
                 hints.get(first.code, first.fix),
             )
+        # the doctor checks that the stack moves together, not that it is the course's: a whole stack one release
+        # up or down (torchrec 1.7 with torch 2.12) satisfies it, and the labs are written for the pins
+        pins = {"torch": PINNED_TORCH, "fbgemm-gpu": PINNED_FBGEMM, "fbgemm-gpu-cpu": PINNED_FBGEMM,
+                "torchrec": PINNED_TORCHREC}
+        off_pin = {name: version for name, version in plan.items() if _major_minor(version) != _major_minor(pins[name])}
+        if off_pin:
+            fail(
+                f"for machine {label}, install_plan installs {off_pin}: a stack that moves together, so the doctor "
+                f"finds nothing, but not the course's (torch {PINNED_TORCH}, fbgemm {PINNED_FBGEMM}, torchrec "
+                f"{PINNED_TORCHREC}), which every lab is written for",
+                f"install the course's pins on every machine, whatever versions it had: torch {PINNED_TORCH} (+cpu or +cu126), "
+                f"fbgemm {PINNED_FBGEMM}, torchrec {PINNED_TORCHREC}",
+            )
     passed(f"install_plan repairs the lab's {len(broken_machines())} machines and {len(_fresh_machines())} it has not seen: "
            "the doctor finds nothing after each install")
 
@@ -365,6 +379,8 @@ def check_first_group(
 ) -> None:
     """Run `first_group` on 2 and 3 ranks, check what each rank returned and that the sum travelled by one
     all_reduce (not worked out locally from the world size)."""
+    import torch
+
     from course_lib.checks import launch_quietly, one_line
     from course_lib.launcher.launch import LaunchError
 
@@ -394,6 +410,11 @@ def check_first_group(
             if (got["rank"], got["world_size"]) != (rank, world_size):
                 fail(f"rank {rank} of {world_size} reported itself as rank {got['rank']} of {got['world_size']}")
             expected = world_size * (world_size - 1) / 2
+            if isinstance(got["rank_sum"], torch.Tensor):
+                fail(
+                    f"rank {rank} returned rank_sum={got['rank_sum']!r}, a tensor: the exercise asks for the sum, a number",
+                    "read the number out of the tensor after the all_reduce: t.item()",
+                )
             try:
                 value = float(got["rank_sum"])
             except (TypeError, ValueError, RuntimeError):

@@ -443,7 +443,8 @@ def check_slice_of_sum(
     launch: Callable[..., list[Any]] | None = None,
     timeout: float = _TIMEOUT_S,
 ) -> None:
-    """Run `my_slice_of_sum(x)` on 2 and 3 ranks (lengths that do not divide evenly on 3) and compare every
+    """Run `my_slice_of_sum(x)` on 2 and 3 ranks (lengths that do not divide evenly on 3), and on 2 ranks with 7
+    values the lab does not show, and compare every
     rank's answer with slice r of the sum (``torch.tensor_split(sum, world_size)[r]``); then judge the
     collective it chose: one that leaves each rank its slice only (reduce-scatter, or all-to-all + local sum),
     handed no more values than the rank's tensor holds (padded to equal slices at most), and a result of x's dtype."""
@@ -454,8 +455,11 @@ def check_slice_of_sum(
     if launch is None:
         from course_lib import launch
     runs = []
-    for world in (2, 3):
-        xs = slice_example(world)
+    # the lab's two examples, then 7 values on 2 ranks (slices of 4 and 3) the lab does not show: slice sizes
+    # typed in for the lab's lengths (6 + 6, 4 + 3 + 3), or its sums looked up, fit the lab's examples only
+    fresh = slice_example(2, length=7, seed=1)
+    for world, xs in ((2, slice_example(2)), (3, slice_example(3)), (2, fresh)):
+        on = f"on {world} ranks" + (f" with {xs[0].numel()} values the lab does not show" if xs is fresh else "")
         total = torch.stack(xs).sum(0)
         expected = list(torch.tensor_split(total, world))
         try:
@@ -480,18 +484,21 @@ def check_slice_of_sum(
                     f"{xs[0].numel()} values do not split evenly over {world} ranks: reduce_scatter_single needs equal "
                     "slices; the list form dist.reduce_scatter(out, list(torch.tensor_split(x, world_size))) does not"
                 )
-            fail(f"my_slice_of_sum failed on {world} ranks: {first}", hint)
+            if xs is fresh:  # the lab's own lengths went through
+                hint = ("it ran on the lab's examples (12 values on 2 ranks, 10 on 3) but not on 7: work the slice sizes "
+                        "out from x, torch.tensor_split(x, world_size), not from the lab's lengths")
+            fail(f"my_slice_of_sum failed {on}: {first}", hint)
         for rank, (result, calls, _) in enumerate(outcomes):
             want = expected[rank]
             if not isinstance(result, torch.Tensor):
-                fail(f"on {world} ranks, rank {rank} returned a {type(result).__name__}", "return a tensor: this rank's slice of the sum")
+                fail(f"{on}, rank {rank} returned a {type(result).__name__}", "return a tensor: this rank's slice of the sum")
             if result.dtype != xs[rank].dtype:
-                fail(f"on {world} ranks, rank {rank} returned {result.dtype} values from a {xs[rank].dtype} tensor",
+                fail(f"{on}, rank {rank} returned {result.dtype} values from a {xs[rank].dtype} tensor",
                      "keep the dtype of x: the sum of float values is a float tensor (no .long(), .int() or .double())")
             result = result.detach().reshape(-1).float()
             if result.numel() == total.numel() and torch.allclose(result, total):
                 fail(
-                    f"on {world} ranks, rank {rank} returned the whole sum ({total.numel()} values)",
+                    f"{on}, rank {rank} returned the whole sum ({total.numel()} values)",
                     f"rank r keeps only slice r of it: torch.tensor_split(sum, world_size)[r], here {want.numel()} values",
                 )
             if result.numel() != want.numel():
@@ -499,26 +506,26 @@ def check_slice_of_sum(
                 hint = f"slice r is torch.tensor_split(x, world_size)[r]: sizes {[e.numel() for e in expected]}"
                 if [c for c in chunked] != [e.numel() for e in expected]:
                     hint += f" (torch.chunk gives {chunked})"
-                fail(f"on {world} ranks, rank {rank} returned {result.numel()} values, its slice has {want.numel()}", hint)
+                fail(f"{on}, rank {rank} returned {result.numel()} values, its slice has {want.numel()}", hint)
             if torch.allclose(result, want):
                 continue
             own = torch.tensor_split(xs[rank], world)[rank]
             if torch.allclose(result, own):
                 fail(
-                    f"on {world} ranks, rank {rank} returned its own slice of its own tensor",
+                    f"{on}, rank {rank} returned its own slice of its own tensor",
                     "the sum needs every rank's values: a collective must bring them in",
                 )
             if torch.allclose(result * world, want):
-                fail(f"on {world} ranks, rank {rank} returned the mean, not the sum", "sum over ranks (ReduceOp.SUM, the default)")
+                fail(f"{on}, rank {rank} returned the mean, not the sum", "sum over ranks (ReduceOp.SUM, the default)")
             for other in range(world):
                 if other != rank and expected[other].numel() == want.numel() and torch.allclose(result, expected[other]):
                     fail(
-                        f"on {world} ranks, rank {rank} returned slice {other} of the sum",
+                        f"{on}, rank {rank} returned slice {other} of the sum",
                         f"rank r keeps slice r; in an all-to-all, chunk j of the input goes to rank j",
                     )
-            fail(f"on {world} ranks, rank {rank} returned {result.tolist()}, expected {want.tolist()}", "slice r of the sum over all ranks")
-        runs.append(outcomes)
-    for outcomes in runs:  # the values first, on both worlds; then the collective chosen
+            fail(f"{on}, rank {rank} returned {result.tolist()}, expected {want.tolist()}", "slice r of the sum over all ranks")
+        runs.append((xs, outcomes))
+    for xs, outcomes in runs:  # the values first, on every run; then the collective chosen
         for rank, (_, calls, sent) in enumerate(outcomes):
             chosen = set(calls)
             if not chosen:
@@ -534,7 +541,7 @@ def check_slice_of_sum(
                     f"right values, but by {sorted(gathers)[0]}: every rank received every rank's whole tensor ((p-1) N)",
                     "only slice r of each tensor is needed on rank r: reduce_scatter, or all_to_all of the slices",
                 )
-            n = slice_example(len(outcomes))[rank].numel()
+            n = xs[rank].numel()
             if chosen <= _SLICE_COLLECTIVES and sent > len(outcomes) * math.ceil(n / len(outcomes)):  # padding allowed
                 fail(f"right values, but rank {rank} handed {sent} values to {_describe_calls(calls)} for a tensor of {n}: "
                      "every rank was sent whole tensors, not only its slice",
@@ -544,6 +551,7 @@ def check_slice_of_sum(
                     f"right values, but rank {rank} ran {_describe_calls(calls)}",
                     "one collective leaves each rank its slice of the sum: reduce_scatter (or all_to_all, then sum)",
                 )
-    used = ", ".join(sorted({c for _, calls, _ in outcomes for c in calls}))
-    passed(f"my_slice_of_sum gives rank r slice r of the sum on 2 and 3 ranks (uneven slices on 3), by {used}, each "
+    used = ", ".join(sorted({c for _, outcomes in runs for _, calls, _ in outcomes for c in calls}))
+    passed(f"my_slice_of_sum gives rank r slice r of the sum on 2 and 3 ranks (uneven slices on 3, and on 2 ranks with "
+           f"7 values the lab does not show), by {used}, each "
            "rank handing its collective no more values than its tensor holds (padding aside)")

@@ -38,8 +38,9 @@ def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]
     for samples, keys in _batches():
         want = {key: [list(sample.get(key, [])) for sample in samples] for key in keys}
         given = copy.deepcopy(samples)
+        keys, passed_keys = list(keys), list(keys)  # the check keeps its own copy: an answer may change the one it gets
         try:
-            kjt = kjt_from_samples(samples, keys)
+            kjt = kjt_from_samples(samples, passed_keys)
         except Exception as error:  # a learner's bug: report it as a check failure, not a traceback
             fail(f"kjt_from_samples(samples, keys={keys}) raised {type(error).__name__}: {error}")
         if samples != given:
@@ -47,6 +48,12 @@ def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]
                 f"kjt_from_samples changed the samples it was given: {given} became {samples}",
                 "read the samples without changing them (no .sort(), .pop() or += on their lists): "
                 "the data loader may hand the same samples to something else",
+            )
+        if passed_keys != keys:  # e.g. keys.sort(): the KJT then follows the new order, and so would the caller
+            fail(
+                f"kjt_from_samples changed the keys it was given: {keys} became {passed_keys}",
+                "read `keys` without changing it (no keys.sort() or keys.reverse()): the KJT's keys must come in "
+                "the caller's order, and the caller's list must stay as it was",
             )
         if not isinstance(kjt, KeyedJaggedTensor):
             fail(f"kjt_from_samples returned a {type(kjt).__name__}", "return a torchrec.KeyedJaggedTensor")

@@ -322,7 +322,8 @@ def check_steering(
     table: str = STEER_TABLE,
 ) -> None:
     """The planner, steered by `constraints` alone (a dict, or a function that returns one), keeps every rank within `budget_bytes` of parameters and
-    `table` on one host; `hosts_of(plan, ranks_per_host)` reads the hosts off that plan and off fresh ones."""
+    `table` on one host; `hosts_of(plan, ranks_per_host)` reads the hosts off that plan and off fresh ones (one of
+    them a hand plan with a table on hosts 0 and 2 only)."""
     from torchrec.distributed.planner import ParameterConstraints
 
     from course_lib.checks import one_line, raise_if_unwritten
@@ -406,7 +407,19 @@ def check_steering(
         },
     ).plan(planning.meta_ebc(tables), [EmbeddingBagCollectionSharder()])
     _judge_hosts_of(hosts_of, wide, 2, f"a plan on 3 hosts x 2 GPUs ({table!r} row-wise, {smallest!r} data-parallel)")
+    # A table on hosts 0 and 2 but not on host 1 (two column shards, on ranks 0 and 4): an answer that fills in
+    # every host from the first rank's to the last rank's is right only while a table's hosts are consecutive.
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, table_wise
+
+    names_by_size = [t.name for t in sorted(tables, key=lambda t: -t.num_embeddings)]
+    gapped = planning.hand_plan(
+        tables,
+        {names_by_size[0]: column_wise(ranks=[0, 4]), **{n: table_wise(rank=r) for n, r in zip(names_by_size[1:-1], (3, 5))},
+         **{n: data_parallel() for n in names_by_size[len(names_by_size) - 1:]}},
+        world_size=6, local_world_size=2, device_type="cuda",
+    )
+    _judge_hosts_of(hosts_of, gapped, 2, f"a plan on 3 hosts x 2 GPUs with {names_by_size[0]!r} column-wise on ranks 0 and 4")
     passed(
         f"{table!r} is {kinds[table]} on host {min(hosts[table])} only; the busiest rank holds "
-        f"{_kib(totals[worst])} <= {_kib(budget_bytes)}; hosts_of reads this plan and three others right"
+        f"{_kib(totals[worst])} <= {_kib(budget_bytes)}; hosts_of reads this plan and four others right"
     )

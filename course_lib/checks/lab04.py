@@ -290,7 +290,10 @@ def _gap_case(
 
 @exercise
 def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit], Any]) -> None:
-    """`auc_gap(logits, labels, split)`: Bayes-optimal AUC of `split` minus the AUC of `logits` on `labels`."""
+    """`auc_gap(logits, labels, split)`: Bayes-optimal AUC of `split` minus the AUC of `logits` on `labels`.
+
+    Judged on the check's split, on a second log, and on scores that saw the labels (a leak), whose gap is negative.
+    """
     from torchmetrics.classification import BinaryAUROC
 
     logits, labels, split, log = _gap_case(seed=1)
@@ -319,6 +322,20 @@ def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit
             fail(
                 f"on a second split (another log, other scores) auc_gap returned {got2:.4f}, expected {want2:.4f}",
                 "compute the gap from the arguments: data.bayes_optimal_auc(split) and the AUC of logits vs labels",
+            )
+        # scores that peeked at the labels (a leak) beat the optimum on this split: the gap is negative, and says so
+        leaked = split.true_logits + 2.0 * (split.labels.float() - 0.5)
+        want3 = data.bayes_optimal_auc(split) - float(BinaryAUROC()(leaked, split.labels))
+        try:
+            got3 = float(auc_gap(leaked.clone(), split.labels.clone(), split))
+        except Exception as error:
+            fail(f"auc_gap raised {type(error).__name__} on scores that beat the optimum: {error}")
+        if not math.isclose(got3, want3, abs_tol=1e-6):
+            fail(
+                f"on scores that saw the test labels (a leak: their AUC beats the optimum's) auc_gap returned "
+                f"{got3:.4f}, expected {want3:.4f}"
+                + (": the gap was made positive (abs() or max(0, ...))" if got3 >= 0 > want3 else ""),
+                "return optimum - model AUC as it comes: a negative gap is the sign that something leaked",
             )
         passed(f"auc_gap = optimum - model AUC ({want:.4f} on the check's split)")
         return

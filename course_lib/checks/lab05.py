@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable, Mapping
 
 import torch
@@ -76,6 +77,11 @@ def check_rowwise_sharder(
     if "error" in report:
         if "deprecated" in report["error"]:
             hint = "fbgemm deprecated ROWWISE_ADAGRAD (the inexact one): use EmbOptimType.EXACT_ROWWISE_ADAGRAD"
+        elif re.search(r"Optimizer (exact_sgd|exact_adagrad|exact_row_wise_adagrad|ema_in_place_row_wise_adagrad) "
+                       r"is not supported in CPU mode", report["error"]):
+            # a name the CPU kernels fuse, refused: it came as a string, and fbgemm compares with the enum
+            hint = ("fused_params['optimizer'] takes the enum, EmbOptimType.EXACT_ROWWISE_ADAGRAD, not its name as a "
+                    "string: fbgemm compares it with the enum's members")
         elif "not supported in CPU mode" in report["error"] or "CPU" in report["error"]:
             hint = "fbgemm's CPU kernels fuse EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD and EMAINPLACE_ROWWISE_ADAGRAD only: use EXACT_ROWWISE_ADAGRAD"
         else:
@@ -358,6 +364,9 @@ def _diagnose(state_bytes_per_rank: Callable[[int, int, int, Any], Any], optimiz
         return "that counts values; each fp32 value takes 4 bytes"
     if got is not None and got * 2 == want:
         return "the state is fp32 (4 bytes a value), even where tables are fp16"
+    if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and got is not None and got * 16 == want * dim:
+        return ("row-wise Adagrad keeps one value per row: 1/embedding_dim of Adagrad's state, which is 1/16 only "
+                "for the lab's 16-wide table")
     if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and got == want * dim:
         return "row-wise Adagrad keeps one value per row, not one per element"
     if optimizer == EmbOptimType.EXACT_ADAGRAD and got == want // dim:

@@ -266,7 +266,8 @@ def _bytes_hint(key: str, got: float, num_params: int, world_size: int) -> str:
 
 @exercise
 def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -> None:
-    """Compare `predict(num_params, world_size)` with bytes measured under FSDP2 + Adam on 2 and 4 ranks."""
+    """Compare `predict(num_params, world_size)` with bytes measured under FSDP2 + Adam on 2 and 4 ranks, then (no
+    launch) with full sharding's bytes for a model and a world size the check does not measure (``_FRESH_BYTES``)."""
     from course_lib import memory
     from course_lib.models import TinyTransformer
 
@@ -292,10 +293,40 @@ def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -
                     f"rank, measured {measured[key]:,}",
                     _bytes_hint(key, got[key], num_params, world_size),
                 )
+    _check_fresh_bytes(predict)
     passed(
         f"your formula matches the bytes measured on 2 and 4 ranks ({num_params:,} parameters, "
         f"{measured['total']:,} bytes per rank on 4 ranks)"
     )
+
+
+# A model size and a world size the check does not measure (it divides evenly, as the measured model does): an
+# answer that reads the measured model instead of its `num_params`, or looks up the measured numbers (the
+# failure messages print them), is right for that model only.
+_FRESH_BYTES = (1_000_000, 8)
+
+
+def _check_fresh_bytes(predict: Callable[[int, int], Mapping[str, float]]) -> None:
+    """Fail unless `predict` gives full sharding's bytes (4, 4 and 8 per parameter / world_size) on ``_FRESH_BYTES``."""
+    num_params, world_size = _FRESH_BYTES
+    call = f"predict_fsdp_bytes({num_params:,}, {world_size})"
+    want = {"params": 4 * num_params / world_size, "grads": 4 * num_params / world_size,
+            "optimizer": 8 * num_params / world_size}
+    try:
+        got = predict(num_params, world_size)
+    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+        fail(f"{call} raised {one_line(error)}: the formula is right for the measured model only",
+             "compute from the arguments, num_params and world_size, for any model and any number of ranks")
+    for key in _KEYS:
+        value = got.get(key) if isinstance(got, Mapping) else None
+        if not is_number(value) or abs(value - want[key]) > 0.001 * want[key]:
+            shown = f"{value:,.0f}" if is_number(value) else repr(value)
+            hint = _bytes_hint(key, value, num_params, world_size) if is_number(value) else "each entry is a number of bytes"
+            if hint.startswith(f"{key}: "):  # no known mistake: the answer does not follow its arguments
+                hint = ("compute from the arguments, num_params and world_size: not from the model the check measured "
+                        "or the numbers it printed")
+            fail(f"{call} gives {key}={shown} bytes per rank; full sharding holds {want[key]:,.0f} there: the formula "
+                 "is right for the measured model only", hint)
 
 
 # ------------------------------------------------------------------------------- the layout decision
@@ -341,7 +372,7 @@ def _hsdp_params() -> int:
 
 
 def layout_cases() -> list[Situation]:
-    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 6 larger
+    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 8 larger
     ones judged by the same accounting from the layout alone."""
     n = _hsdp_params()  # 30,080: 470 KiB of state whole, 235 KiB sharded 2 ways, 117.5 KiB 4 ways
     return [
@@ -357,6 +388,12 @@ def layout_cases() -> list[Situation]:
         # a 1/4 shard, and 4-way shard groups send 3/4 of the parameter bytes, not 7/8
         Situation(2, 4, 1_000_000_000, 6 * _GiB, 25, 25),
         Situation(2, 8, 1_000_000_000, 40 * _GiB, 150, 120),   # fits whole, a fast cross link: replication beats HSDP
+        # 4-way shards hold exactly the limit (16 bytes x 1e9 / 4 = 4 GB): HSDP fits, and beats FSDP over 8; an
+        # answer that wants a layout strictly under the limit picks FSDP
+        Situation(2, 4, 1_000_000_000, 4_000_000_000, 150, 25),
+        # fits whole, a cross link half as fast as inside a host: HSDP; replication wins only for an answer that
+        # counts an all-reduce as sending the gradients once ((R-1)/R), not twice (reduce-scatter + all-gather)
+        Situation(2, 8, 1_000_000_000, 40 * _GiB, 150, 75),
     ]
 
 
@@ -479,12 +516,12 @@ def _short(layout: list) -> str:
 
 @exercise
 def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 10
+    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 12
     cases the lab does not show, and judge each layout by its consequence.
 
     The 4 cases of 4 ranks are built: one launch of 4 ranks (gloo) shards ``TinyTransformer(**HSDP_MODEL)``
     on each layout's mesh, takes an Adam step, and reports the bytes of state each rank holds and the ranks
-    of its shard and replicate groups. The 6 larger cases (8 to 32 ranks, models of billions of parameters)
+    of its shard and replicate groups. The 8 larger cases (8 to 32 ranks, models of billions of parameters)
     cannot run here: they are judged by the same accounting computed from the layout's shape: 16 bytes per
     parameter / the shard group's size, and per step 3 (S-1)/S of the parameter bytes sent in the shard group
     and 2 (R-1)/R of a shard's in the replicate group, at the cross-host speed if the group spans hosts.
@@ -550,6 +587,9 @@ def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[...,
             why.append(f"replica groups such as {mine['crossing replicas'][0]} span hosts: each step all-reduces "
                        f"1/{mine['S']} of the gradients over the slow link, where {best['S']}-way shards would "
                        f"send 1/{best['S']}")
+        if mine["S"] > 1 and best["S"] < mine["S"] and best["state"] == s.memory_limit:
+            why.append(f"{best_name.split(' (')[0]} holds exactly the {format_bytes(s.memory_limit)} limit per "
+                       "rank, and a layout that holds no more than the limit fits")
         if mine["S"] > 1 and best["S"] < mine["S"]:
             fits = "the whole model fits one rank" if best["S"] == 1 else f"{best['S']}-way fits"
             why.append(f"it shards {mine['S']} ways though {fits}: each rank sends "

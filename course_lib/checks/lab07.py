@@ -339,8 +339,9 @@ def _bytes_hint(got: float, want: int, shapes: Mapping[str, tuple[int, ...]], wo
 
 # Shapes the lab never shows, on a world size the measurements do not use: FSDP2's torch.chunk gives 5 rows
 # 2, 2, 1, 0 on 4 ranks, 7 rows 2, 2, 2, 1, a 1-row parameter to rank 0 alone. An answer that reads another
-# tower than its `shapes` argument, or looks the measured numbers up, is right for the check's tower only.
-_FRESH_SHAPES: dict[str, tuple[int, ...]] = {"a": (5, 3), "b": (1,), "c": (7,), "d": (2, 2)}
+# tower than its `shapes` argument, or looks the measured numbers up, is right for the check's tower only; a
+# 3-D parameter (a conv's weight, say: the row holds 2 x 2 values) catches a row size read as shape[1].
+_FRESH_SHAPES: dict[str, tuple[int, ...]] = {"a": (5, 3), "b": (1,), "c": (7,), "d": (2, 2), "e": (3, 2, 2)}
 _FRESH_WORLD_SIZE = 4
 
 
@@ -377,6 +378,11 @@ def _check_fresh_shapes(predict: Callable[[Mapping[str, tuple[int, ...]], int, i
         want = _chunk_bytes(_FRESH_SHAPES, _FRESH_WORLD_SIZE, rank)
         if not is_number(got) or got != want:
             ignored = is_number(got) and got == _chunk_bytes(tower, _FRESH_WORLD_SIZE, rank)
+            flat = {name: shape[:2] for name, shape in _FRESH_SHAPES.items()}  # a row's size read as shape[1]
+            if not ignored and is_number(got) and got == _chunk_bytes(flat, _FRESH_WORLD_SIZE, rank):
+                fail(f"{call} = {got!r}; FSDP2 (torch.chunk) keeps {want:,} bytes there: the 3-D parameter 'e' "
+                     f"{_FRESH_SHAPES['e']} was counted as if its rows held shape[1] values",
+                     "a row of a parameter holds every value of its other dims: math.prod(shape[1:]), not shape[1]")
             fail(
                 f"{call} = {got!r}; FSDP2 (torch.chunk) keeps {want:,} bytes there: the formula is right for the "
                 "measured tower only, so the lab's next cell (another width) would print the wrong numbers",

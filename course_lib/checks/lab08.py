@@ -473,7 +473,22 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
         return report
     report["differences"] = _differences(_state(fresh, fresh_optimizer), saved)
     report["step"] = app.step
+    # a second save, steps later: a folder typed in (the step_000003 the check's ✓ shows) is right at step 3 only
+    if changed:  # the check fails on the change first; the model may not even train on
+        return report
+    _train(model, optimizer, range(_SAVED_AT, _SECOND_SAVE_AT))
+    try:
+        second = save(checkpoint.AppState(model, optimizer, _SECOND_SAVE_AT), root)
+    except _ERRORS as error:
+        report["second error"] = _first_line(error)
+        return report
+    dist.barrier()
+    report["second returned"] = None if second is None else os.fspath(second)
+    report["second latest"] = None if checkpoint.latest(root) is None else str(checkpoint.latest(root))
     return report
+
+
+_SECOND_SAVE_AT = 5  # the step of the check's second save
 
 
 @exercise
@@ -482,7 +497,8 @@ def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) ->
     ``root / checkpoint.step_folder(app.step)`` and return that folder.
 
     The check trains 3 steps on 2 ranks, calls `save`, then loads the newest checkpoint under `root` into a
-    freshly sharded model and optimizer and compares every tensor and the step.
+    freshly sharded model and optimizer and compares every tensor and the step; then trains 2 more steps and
+    saves again, at step 5, where the folder (returned, and the newest under `root`) must be that step's.
     """
     from course_lib import checkpoint
 
@@ -544,6 +560,16 @@ def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) ->
             f"loading the checkpoint back gives different tensors ({differences}) or step ({report['step']})",
             "save the app state itself: dcp.save({'app': app}, checkpoint_id=folder)",
         )
+    if "second error" in report:
+        fail(f"a second save(app, root), at step {_SECOND_SAVE_AT}, raised {report['second error']}",
+             "each save writes a folder of its own, named by app.step: os.path.join(root, checkpoint.step_folder(app.step))")
+    second_want = os.path.join(root, checkpoint.step_folder(_SECOND_SAVE_AT))
+    if (os.path.normpath(report["second returned"] or "") != os.path.normpath(second_want)
+            or os.path.normpath(report["second latest"] or "") != os.path.normpath(second_want)):
+        fail(f"a second save(app, root), at step {_SECOND_SAVE_AT}, returned {report['second returned']!r}, and the "
+             f"newest checkpoint under root is {report['second latest']!r}; expected {second_want!r}: the folder does "
+             "not follow app.step (typed in, or counted apart), so every later save lands in the same folder",
+             "name the folder from the app's step: os.path.join(root, checkpoint.step_folder(app.step))")
     passed(f"save writes a DCP checkpoint into {checkpoint.step_folder(_SAVED_AT)}/ that restores everything")
 
 

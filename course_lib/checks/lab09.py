@@ -195,8 +195,9 @@ def check_budget_plan(constraints: Any) -> None:
     HBM_BUDGET_GIB of HBM on every rank, at most COMMS_BUDGET_MS of communication on the busiest rank; and it may not
     buy the memory with time the communication estimate leaves out (rows read from host memory): at most
     STEP_BUDGET_MS for the busiest rank's embedding step in all. The constraints may not describe the workload
-    (_WORKLOAD_FIELDS) or the training pipeline (_PIPELINE_CACHE_FIELDS) to the estimators, and every table must
-    be on a kernel for plain tables (_PLAIN_KERNELS), whether the constraints or the planner chose it."""
+    (_WORKLOAD_FIELDS) or the training pipeline (_PIPELINE_CACHE_FIELDS) to the estimators, nor take the plain
+    tables for virtual ones (use_virtual_table, key_value_params), and every table must be on a kernel for plain
+    tables (_PLAIN_KERNELS), whether the constraints or the planner chose it."""
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.types import PlannerError
 
@@ -227,6 +228,15 @@ def check_budget_plan(constraints: Any) -> None:
                 fail(f"the constraint of {name} sets cache_params.{field}={value!r}: that {why}",
                      "leave it unset: a cache is chosen by its load factor (CacheParams(load_factor=...)), and the "
                      "step budget counts the lookups that miss it")
+        if constraint.use_virtual_table or constraint.key_value_params is not None:
+            said = ("use_virtual_table=True" if constraint.use_virtual_table
+                    else f"key_value_params={constraint.key_value_params!r}")
+            priced = (": the planner then sizes every row of the table at 0 bytes of HBM (calculate_shard_storages), "
+                      "whichever kernel keeps them" if constraint.use_virtual_table else "")
+            fail(f"the constraint of {name} sets {said}: that describes a virtual (key-value) table, whose rows live "
+                 f"off the GPU, and these are plain tables (EmbeddingBagConfig, use_virtual_table=False){priced}",
+                 "leave use_virtual_table and key_value_params unset: choose sharding types, kernels (fused, fused_uvm, "
+                 "fused_uvm_caching) and cache load factors")
         foreign = [k for k in (constraint.compute_kernels or ()) if k not in _PLAIN_KERNELS]
         if foreign:
             fail(f"the constraint of {name} allows the {foreign[0]} kernel: {_not_a_plain_kernel(foreign[0])}",

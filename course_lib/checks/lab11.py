@@ -30,9 +30,10 @@ def check_qcomm_sharder(qcomm_sharder: Callable[[str, str, float, Any], Any]) ->
 
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    cases = [("FP16", "BF16", 0.05, "cpu"), ("FP16", "BF16", 0.2, None), ("FP16", "INT8", 0.3, "cpu"),
+    cases = [("FP16", "BF16", 0.05, "cpu"), ("FP16", "BF16", 0.2, "cuda"), ("FP16", "INT8", 0.3, "cpu"),
              ("BF16", "FP16", 0.1, None),
              ("FP32", "FP16", 0.02, "cpu")]  # INT8 and FP32: names the lab does not use; rates other than its 0.1
+    # "cuda": a device the lab's CPU runs never pass; BF16 stays BF16 there (building the codecs needs no GPU)
     for forward, backward, lr, device in cases:
         logging.disable(logging.WARNING)  # the codecs' fallback warning is expected here
         try:
@@ -81,7 +82,12 @@ def check_qcomm_sharder(qcomm_sharder: Callable[[str, str, float, Any], Any]) ->
                 fail(f"{call}: the {collective} codecs are forward {got[0]}, backward {got[1]}, the lab's pair; "
                      f"expected {want[0]}, {want[1]}", "build QCommsConfig from the forward and backward arguments")
             if got != want:
-                hint = ("the codecs were built for another device than the one asked for: pass device on "
+                on_cpu = tuple("FP16" if p == "BF16" else p for p in (forward, backward))
+                hint = (f"the codecs were built for another device than the one asked for ({device!r}): BF16 came back "
+                        "as FP16, which they do only for the CPU; build them for torch.device(device), whatever the "
+                        "device (and None as None)"
+                        if device not in ("cpu", None) and got == on_cpu != want else
+                        "the codecs were built for another device than the one asked for: pass device on "
                         "(torch.device(device) when it is not None)"
                         if (fallback(forward), fallback(backward)) != (forward, backward) or device is None
                         else "CommType[name] turns 'FP16' into CommType.FP16")
@@ -285,7 +291,9 @@ def check_serving_row_bytes(serving_row_bytes: Callable[[int, str, int], Any]) -
 # takes the bytes of an INT4 one; in the second, widths from 8 to 56, where the largest table takes INT2 best.
 # Neither "INT2 on the largest table" nor "INT2 wherever it fits" is the answer there. In the third, the least
 # total cost is neither the least worst-table cost, nor the fewest tables with a cost, nor what a greedy climb
-# from all-INT2 (the most cost saved per extra byte first) reaches: at 77,312 bytes all three miss it.
+# from all-INT2 (the most cost saved per extra byte first) reaches: at 77,312 bytes all three miss it. In the second,
+# FP16 costs t_b something: where everything fits, FP32 is the only free choice (the lab's FP16 costs nothing, so a
+# search that leaves FP32 out would pass on its tables alone).
 _SETS: list[tuple[dict[str, tuple[int, int]], dict[str, dict[str, float]]]] = [
     ({"t_query": (300, 16), "t_doc": (1200, 16), "t_author": (90, 64), "t_lang": (12, 64)},
      {"t_query": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0004, "INT2": 0.0031},
@@ -294,7 +302,7 @@ _SETS: list[tuple[dict[str, tuple[int, int]], dict[str, dict[str, float]]]] = [
       "t_lang": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0, "INT2": 0.0006}}),
     ({"t_a": (400, 24), "t_b": (250, 48), "t_c": (60, 8), "t_d": (800, 8), "t_e": (30, 56)},
      {"t_a": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0010, "INT2": 0.0040},
-      "t_b": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0002, "INT4": 0.0009, "INT2": 0.0070},
+      "t_b": {"FP32": 0.0, "FP16": 0.0001, "INT8": 0.0002, "INT4": 0.0009, "INT2": 0.0070},
       "t_c": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0, "INT2": 0.0002},
       "t_d": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0005, "INT2": 0.0011},
       "t_e": {"FP32": 0.0, "FP16": 0.0, "INT8": 0.0, "INT4": 0.0001, "INT2": 0.0003}}),
@@ -394,9 +402,13 @@ def check_precision_choice(
                  "padding are bytes too; and use the budget_bytes argument")
         lost, least = _cost_of(costs, choice), _cost_of(costs, best)
         if lost > least + 1e-9:
+            fp16_not_free = [name for name in shapes if choice[name] == "FP16" and best[name] == "FP32"
+                             and costs[name]["FP16"] > costs[name]["FP32"]]
             fail(f"{call}: {_summary(choice)} fits ({used:,} bytes) but costs {lost:.4f} of AUC, "
                  f"{lost - least:.4f} more than needed: {_summary(best)} fits too ({_bytes_of(shapes, best):,} bytes) "
                  f"and costs {least:.4f}",
+                 f"FP32 is a choice too: here FP16 costs {fp16_not_free[0]} {costs[fp16_not_free[0]]['FP16']:.4f} "
+                 "(the lab's FP16 happens to cost nothing); try all 5 precisions" if fp16_not_free else
                  "the least total cost among all the choices that fit: with 5 precisions and a few tables, try them all "
                  "(itertools.product); read the costs from the cost argument")
     passed(f"choose_precisions fits the budget at the least cost in {len(cases)} cases: the lab's tables at "

@@ -1,6 +1,7 @@
 """Checks for 12_llm_era: a tensor-parallel plan, the bytes of a 2-D layout, and the choice of a mesh."""
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Mapping
 
 from torch import nn
@@ -212,6 +213,10 @@ def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
         # tp = 8 divides a host and the heads, and fits, but not the 12 ranks (dp = 1.5): nothing fits
         (12, 8, parallel2d.Tower(dim=64, n_heads=8, hidden=128, n_layers=2), 36_000,
          "8 heads, 12 ranks on hosts of 8, 36,000 bytes"),
+        # heads 16 wide (the others are 8): tp = 8 fits, but 4 heads do not split 8 ways; 1, 2 and 4 do not fit, so
+        # nothing does (a head count read as dim // 8 would allow tp = 8)
+        (8, 8, parallel2d.Tower(dim=64, n_heads=4, hidden=128, n_layers=2), 40_000,
+         "4 heads of 16, 8 ranks on one host, 40,000 bytes"),
     ]
 
 
@@ -226,6 +231,14 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
             raise_if_unwritten(error)
             fail(f"choose_mesh raised {one_line(error)} ({what})")
         got = tuple(got) if isinstance(got, (tuple, list)) else got
+        if got is not None:  # checked before the value: (2.0, 2) == (2, 2), but a mesh of 2.0 ranks cannot be built
+            pair = isinstance(got, tuple) and len(got) == 2
+            if not (pair and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in got)):
+                floats = [v for v in got if isinstance(v, float)] if pair else []
+                fail(f"choose_mesh returned {got!r} for {what}: return a pair (dp, tp) of ints, or None",
+                     f"world_size / tp is a float ({floats[0]!r}) even when tp divides the world: use world_size // tp "
+                     "(init_device_mesh takes whole numbers of ranks)" if floats else "")
+            got = (int(got[0]), int(got[1]))  # a NumPy integer is an int too
         if got == want:
             continue
         if got is None:
@@ -234,8 +247,6 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
                  "a rank may reach the budget, not only stay under it" if reference_peak(model, *want) == budget else
                  ("tp may equal ranks_per_host (a tp group that fills a host stays inside it); and " if want[1] == per_host
                   else "") + "the peak is what a rank holds plus the one block FSDP gathers, its Linear weights split tp ways")
-        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
-            fail(f"choose_mesh returned {got!r} for {what}: return a pair (dp, tp) of ints, or None")
         if want is not None and got == (want[1], want[0]):
             fail(f"choose_mesh returned {got} for {what}; expected {want}: the pair is (dp, tp), in that order")
         dp, tp = got
@@ -267,7 +278,7 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
             fail(f"choose_mesh returned {got} for {what}; no mesh fits, so it should return None")
         fail(f"choose_mesh returned {got} for {what}; {want} also fits with less tensor parallelism",
              "prefer the smallest tp that fits: more data parallelism, fewer per-layer all-reduces")
-    passed("choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits (8 cases)")
+    passed(f"choose_mesh: the smallest tp that divides the world and the heads, stays in a host and fits ({len(_mesh_cases())} cases)")
 
 
 # ------------------------------------------------------------------------------------------ exercise 4
