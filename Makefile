@@ -14,13 +14,17 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks test-other-cpu test-browser test-cluster test-container test-gpu labs solutions doctor clean
+.PHONY: setup lab progress test test-unit test-notebooks test-other-cpu test-browser test-cluster test-container test-gpu labs solutions doctor clean
 
 setup:
 	@CUDA="$(CUDA)" PYTHON="$(PYTHON)" tools/setup_venv.sh
 
 lab: setup
 	$(PY) -m jupyter lab --notebook-dir=labs --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
+
+# Which exercises pass, which were tried, which are untouched (from labs/.progress.json, which the checks write).
+progress: setup
+	@$(PY) -m course_lib.progress --labs labs
 
 test: setup
 	$(PY) -m pytest -rs

@@ -11,6 +11,12 @@ os.environ.setdefault("COURSE_PROGRESS", "text")
 NOTICES = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".pytest-launch-notices.log")
 os.environ.setdefault("COURSE_LAUNCH_NOTICES", NOTICES)
 
+# Exercise checks run in a notebook record their verdicts (course_lib.progress); a test run records them in a
+# file of its own, never in a learner's labs/.progress.json.
+import tempfile  # noqa: E402
+
+os.environ["COURSE_PROGRESS_FILE"] = os.path.join(tempfile.mkdtemp(prefix="course-progress-"), ".progress.json")
+
 
 def pytest_sessionstart(session):
     if os.path.exists(NOTICES):

@@ -5,7 +5,9 @@ two short lines (what is wrong, and a hint at why) instead of a traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import warnings
 from typing import Any, Callable, NoReturn, TypeVar
 
@@ -15,15 +17,17 @@ Check = TypeVar("Check", bound=Callable[..., None])
 class CheckFailed(AssertionError):
     """An exercise's answer is wrong; `hint` says where to look."""
 
-    def __init__(self, problem: str, hint: str = "") -> None:
+    def __init__(self, problem: str, hint: str = "", notes: tuple[str, ...] = ()) -> None:
         self.problem = problem
         self.hint = hint
-        super().__init__(problem + (f"\nhint: {hint}" if hint else ""))
+        self.notes = tuple(notes)  # what the course did about it (the reference answer now in use, ...)
+        super().__init__(problem + (f"\nhint: {hint}" if hint else "") + "".join(f"\n{note}" for note in self.notes))
 
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
         lines = [f"✗ {self.problem}"]
         if self.hint:
             lines.append(f"  hint: {self.hint}")
+        lines += [f"  {note}" for note in self.notes]
         return lines
 
 
@@ -194,23 +198,115 @@ def raise_if_unwritten(error: BaseException) -> None:
         raise error
 
 
+UNWRITTEN_HINT = "replace `raise NotImplementedError()` with your code, then run this cell again"
+
+
+def _notebook_namespace(frame: Any) -> dict[str, Any] | None:
+    """The notebook's namespace when `frame` is a cell of a live IPython kernel, else None (a test, a script)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a course dependency
+        return None
+    shell = get_ipython()
+    if shell is None or frame is None or frame.f_globals is not shell.user_ns:
+        return None
+    return shell.user_ns
+
+
+def _lab_of(check: Callable[..., Any]) -> str:
+    """"08" for a check of ``course_lib.checks.lab08``; "" for one defined elsewhere."""
+    module = check.__module__.rsplit(".", 1)[-1]
+    return module[3:] if module.startswith("lab") and module[3:].isdigit() else ""
+
+
+REFERENCE_MARK = "__course_reference__"
+
+
+def _is_reference(value: Any) -> bool:
+    return getattr(value, REFERENCE_MARK, False) is True
+
+
+def _use_reference(lab: str, check: Callable[..., Any], namespace: dict[str, Any], unwritten: bool) -> str:
+    """Put the course's reference answer of `check` in the notebook's `namespace`; the one line that says so."""
+    from course_lib import reference
+
+    try:
+        cell = reference.use_reference(lab, check.__name__, namespace)
+    except reference.NoReference as missing:
+        return f"↪ no reference answer here to use instead ({missing}): the cells below need yours"
+    for name in cell.answers:  # marked, so that a check handed the reference does not count it as the learner's
+        with contextlib.suppress(AttributeError, TypeError, KeyError):
+            setattr(namespace[name], REFERENCE_MARK, True)
+    answers = " and ".join(f"`{name}`" for name in cell.answers)
+    if unwritten:
+        return (f"↪ meanwhile the cells below use the course's reference {answers}; "
+                "yours takes over once you write it and run its cell again")
+    return (f"↪ until yours passes, the cells below use the course's reference {answers}; "
+            "run your cell again to use yours")
+
+
+def _record(lab: str, check: Callable[..., Any], verdict: str, name: str) -> dict | None:
+    from course_lib import progress
+
+    return progress.record(lab, check.__name__, verdict, answer=name)
+
+
+def _passed_before(before: dict | None) -> tuple[str, ...]:
+    if before and before.get("last_passed") and before.get("verdict") == "passed":
+        when = str(before["last_passed"]).replace("T", " ")[:16]
+        return (f"(this exercise passed at {when}: what changed since?)",)
+    return ()
+
+
 def exercise(check: Check) -> Check:
-    """Decorate a check whose first argument is the learner's answer (a function, a class or a value): run
-    before the exercise is written (its ``raise NotImplementedError()`` still in place), the check fails
+    """Decorate a check whose first argument is the learner's answer (a function, a class or a value).
+
+    Run before the exercise is written (its ``raise NotImplementedError()`` still in place), the check fails
     with one line that says so, whether the stub raised in the check's own process, on a launched rank, or
-    inside the check's own ``except`` (a ``CheckFailed`` caused by it), instead of a traceback."""
+    inside the check's own ``except`` (a ``CheckFailed`` caused by it), instead of a traceback.
+
+    Called from a notebook, it also keeps the learner's path open: the verdict is recorded for ``make
+    progress`` (:mod:`course_lib.progress`), and an answer that does not pass is replaced, for the cells below,
+    by the course's reference answer (:mod:`course_lib.reference`), in one line that says so. The cell still
+    fails, so "Run All" still stops at the exercise.
+    """
 
     @functools.wraps(check)
     def checked(answer: Any, *args: Any, **kwargs: Any) -> None:
         name = getattr(answer, "__name__", "your answer")
+        namespace = _notebook_namespace(sys._getframe(1))
+        lab = _lab_of(check)
+        if namespace is not None and any(_is_reference(value) for value in (answer, *args, *kwargs.values())):
+            fail(f"{name} is the course's reference answer, not yours: your exercise cell has not run since "
+                 "the last check put the reference in its place",
+                 "run your exercise cell (it defines yours), then this check")
         try:
-            return check(answer, *args, **kwargs)
+            result = check(answer, *args, **kwargs)
         except CheckFailed as failure:
-            if not _unwritten(failure.__cause__ or failure.__context__):
-                raise
+            unwritten = _unwritten(failure.__cause__ or failure.__context__)
+            problem, hint = (f"{name} is not written yet", UNWRITTEN_HINT) if unwritten else (failure.problem, failure.hint)
+            notes: tuple[str, ...] = failure.notes
+            if namespace is not None and lab:
+                before = _record(lab, check, "unwritten" if unwritten else "failed", name)
+                notes += () if unwritten else _passed_before(before)
+                notes += (_use_reference(lab, check, namespace, unwritten),)
+            if unwritten:
+                raise CheckFailed(problem, hint, notes) from None
+            raise CheckFailed(problem, hint, notes) from failure.__cause__
         except Exception as error:  # noqa: BLE001  (re-raised unless it is the stub's)
-            if not _unwritten(error):
+            unwritten = _unwritten(error)
+            if namespace is not None and lab:
+                _record(lab, check, "unwritten" if unwritten else "failed", name)
+                note = _use_reference(lab, check, namespace, unwritten)
+                if not unwritten:
+                    error.add_note(note)
+                    raise
+                raise CheckFailed(f"{name} is not written yet", UNWRITTEN_HINT, (note,)) from None
+            if not unwritten:
                 raise
-        fail(f"{name} is not written yet", "replace `raise NotImplementedError()` with your code, then run this cell again")
+            fail(f"{name} is not written yet", UNWRITTEN_HINT)
+        if namespace is not None and lab:
+            _record(lab, check, "passed", name)
+        return result
 
     return checked  # type: ignore[return-value]
