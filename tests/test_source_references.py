@@ -29,7 +29,8 @@ PACKAGES = ("torch", "torchrec", "fbgemm_gpu", "torchmetrics")
 PATH = r"`(?P<path>(?:%s)/[\w/.]+\.py)`" % "|".join(PACKAGES)
 # `name` in `path` | `path`: `fragment` | `path`, `fragment` | `path` (`fragment` | "quoted text", `path`
 BEFORE = re.compile(r"`(?P<fragment>[^`]+)` (?:in|of) $")
-QUOTED_BEFORE = re.compile(r"\(\"(?P<fragment>[^\"]+)\", $")
+# a quoted text opens a parenthesis, or an item of an "In the source:" line (after its colon or a "; ")
+QUOTED_BEFORE = re.compile(r"(?:\(|:\*{0,2} |; )\"(?P<fragment>[^\"]+)\", $")
 AFTER = re.compile(r"^(?::|,|\s\()\s?`(?P<fragment>[^`]+)`")
 NAME = re.compile(r"^[A-Za-z_][\w.]*(?:\(.*\))?$")
 
@@ -97,10 +98,22 @@ def test_every_reference_in_the_labs_holds_in_the_installed_packages():
     ("(\"Factory Class for generating\", `torchrec/inference/dlrm_predict.py`)", "torchrec/inference/dlrm_predict.py",
      "Factory Class for generating"),
     ("`torchrec/inference/client.py` (`stub = x`) is", "torchrec/inference/client.py", "stub = x"),
+    ("*In the source:* \"Factory Class for generating\", `torchrec/inference/dlrm_predict.py`",
+     "torchrec/inference/dlrm_predict.py", "Factory Class for generating"),
     ("see `torchrec/distributed/sharding_plan.py` for more", "torchrec/distributed/sharding_plan.py", None),
 ])
 def test_references_are_read_with_their_fragment(text, path, fragment):
     assert references(text) == [{"path": path, "fragment": fragment}]
+
+
+def test_an_in_the_source_line_is_read_item_by_item():
+    line = ("*In the source:* `_evict` in `torchrec/distributed/mc_embedding_modules.py`; `torch/optim/optimizer.py`: "
+            "`raise ValueError(\"x\")`; \"Factory Class for generating\", `torchrec/inference/dlrm_predict.py`")
+    assert references(line) == [
+        {"path": "torchrec/distributed/mc_embedding_modules.py", "fragment": "_evict"},
+        {"path": "torch/optim/optimizer.py", "fragment": "raise ValueError(\"x\")"},
+        {"path": "torchrec/inference/dlrm_predict.py", "fragment": "Factory Class for generating"},
+    ]
 
 
 @pytest.mark.parametrize("text, words", [
