@@ -35,6 +35,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib.prose import SOURCE_LINE
+
 REPO = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"])
 PACKAGES = ("torch", "torchrec", "fbgemm_gpu", "torchmetrics")
@@ -46,9 +48,8 @@ QUOTED_BEFORE = re.compile(r"\(\"(?P<fragment>[^\"]+)\", $")
 AFTER = re.compile(r"^(?::|,|\s\()\s?`(?P<fragment>[^`]+)`")
 NAME = re.compile(r"^[A-Za-z_][\w.]*(?:\(.*\))?$")
 
-# The "In the source" line: `*In the source:*` (or **In the source:**, _In the source:_, In the source:) then items.
-SOURCE_LINE = re.compile(r"^\s*(?:[-*+]\s+)?(?P<mark>[*_]{0,2})In the source(?::(?P=mark)|(?P=mark):)\s*(?P<items>.*)$",
-                         re.IGNORECASE | re.MULTILINE)
+# The "In the source" line (`*In the source:*`, **bold**, _underlined_ or unmarked, then its items): one definition,
+# shared with course_lib.prose, which leaves these lines out of the prose it measures.
 COURSE_DIRS = ("course_lib", "tools", "tests", "requirements", "cluster", "benchmarks")
 ITEM_PATH = r"`(?P<path>(?:%s)/[\w/.-]+\.\w+)`" % "|".join(PACKAGES + COURSE_DIRS)
 ITEM_FORMS = (
