@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 LABS = {path.stem: path for path in sorted((REPO / "solutions").glob("*.ipynb"))} | {"ERRORS": REPO / "ERRORS.md"}
 
 REWRITTEN = frozenset([
-    # "00_setup",
+    "00_setup",
 
     # "ERRORS",
 
