@@ -29,7 +29,7 @@ LABS = {path.stem: path for path in sorted((REPO / "solutions").glob("*.ipynb"))
 REWRITTEN = frozenset([
     "00_setup",
 
-    # "ERRORS",
+    "ERRORS",
 
     # "01_collectives",
 
