@@ -12,6 +12,19 @@ in the file (``def``, ``class`` or an assignment); anything else in backticks, o
 appear in it word for word. This test fails when a file is gone, a name is no longer defined there or a
 fragment no longer appears, and when a reference names a file but nothing to look for: after a version bump
 it lists exactly the sentences to read again.
+
+The references of a section or of a claim-heavy cell live on one line at its end, out of the sentences:
+
+    *In the source:* `_init_default_mesh` in `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`; `torch/distributed/fsdp/_fully_shard/_fully_shard.py`: "parameters are all-gathered in one collective"
+
+That line is read strictly. Its items, separated by ";", must each be one whole reference in one of these forms:
+
+    `name` in `path`            `path`: `fragment`            `path`: "quoted text"            "quoted text", `path`
+
+An item in none of these forms (a typo, a missing backtick, a path without a fragment) fails the test, so a
+mistake on that line cannot hide the way a loose sentence would. Its paths may also be the course's own files
+(`course_lib/...`, `tools/...`), which are looked up in the repository. References still inside sentences are
+found by the looser reading above.
 """
 from __future__ import annotations
 
@@ -21,6 +34,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from course_lib.prose import SOURCE_LINE
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -34,10 +49,54 @@ QUOTED_BEFORE = re.compile(r"(?:\(|:\*{0,2} |; )\"(?P<fragment>[^\"]+)\", $")
 AFTER = re.compile(r"^(?::|,|\s\()\s?`(?P<fragment>[^`]+)`")
 NAME = re.compile(r"^[A-Za-z_][\w.]*(?:\(.*\))?$")
 
+# The "In the source" line (`*In the source:*`, **bold**, _underlined_ or unmarked, then its items): one definition,
+# shared with course_lib.prose, which leaves these lines out of the prose it measures.
+COURSE_DIRS = ("course_lib", "tools", "tests", "requirements", "cluster", "benchmarks")
+ITEM_PATH = r"`(?P<path>(?:%s)/[\w/.-]+\.\w+)`" % "|".join(PACKAGES + COURSE_DIRS)
+ITEM_FORMS = (
+    re.compile(r"^`(?P<fragment>[^`]+)` in %s$" % ITEM_PATH),  # `name` in `path`
+    re.compile(r"^%s: `(?P<fragment>[^`]+)`$" % ITEM_PATH),  # `path`: `fragment`
+    re.compile(r"^%s: \"(?P<fragment>[^\"]+)\"$" % ITEM_PATH),  # `path`: "quoted text"
+    re.compile(r"^\"(?P<fragment>[^\"]+)\", %s$" % ITEM_PATH),  # "quoted text", `path`
+)
+
+
+def _split_items(items: str) -> list[str]:
+    """The items of an "In the source" line: split at ";" outside backticks and double quotes."""
+    parts, current, code, quoted = [], "", False, False
+    for char in items:
+        if char == "`" and not quoted:
+            code = not code
+        elif char == '"' and not code:
+            quoted = not quoted
+        if char == ";" and not code and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [part.strip() for part in parts]
+
+
+def source_line_items(text: str) -> list[dict[str, str | None]]:
+    """The items of every "In the source" line in `text`: path and fragment, or the unparsable item itself."""
+    found = []
+    for line in SOURCE_LINE.finditer(text):
+        items = line.group("items").strip()
+        items = items[:-1].rstrip() if items.endswith(".") else items  # a final full stop, outside any item
+        for item in _split_items(items):
+            hit = next((m for form in ITEM_FORMS if (m := form.match(item))), None)
+            found.append({"path": hit.group("path"), "fragment": hit.group("fragment")} if hit else
+                         {"path": None, "fragment": None, "unparsable": item})
+    return found
+
 
 def references(text: str) -> list[dict[str, str | None]]:
-    """The source references in a piece of markdown: path, and the fragment to look for (None if it names none)."""
-    found = []
+    """The source references in a piece of markdown: path, and the fragment to look for (None if it names none).
+
+    "In the source" lines are read strictly (`source_line_items`); the rest of the text loosely, as sentences."""
+    found = source_line_items(text)
+    text = SOURCE_LINE.sub("", text)
     for match in re.finditer(PATH, text):
         before, after = text[: match.start()], text[match.end():]
         fragment = None
@@ -56,14 +115,18 @@ def _defined(name: str, source: str) -> bool:
 
 def problem(reference: dict[str, str | None], site: Path = SITE) -> str | None:
     """Why a reference does not hold in the installed packages, or None when it does."""
+    if "unparsable" in reference:
+        return (f"In the source: cannot read {reference['unparsable']!r}: write each item as `name` in `path`, "
+                f"`path`: `fragment`, `path`: \"quoted text\" or \"quoted text\", `path`, separated by \";\"")
     path, fragment = reference["path"], reference["fragment"]
-    file = site / str(path)
+    course_file = str(path).split("/")[0] in COURSE_DIRS
+    file = (REPO if course_file else site) / str(path)
     if not file.is_file():
-        return f"`{path}` is not in the installed packages"
+        return f"`{path}` is not in the {'repository' if course_file else 'installed packages'}"
     if fragment is None:
         return f"`{path}` is cited without a name or quoted fragment to look for"
     source = file.read_text(encoding="utf-8", errors="replace")
-    if NAME.match(fragment):
+    if NAME.match(fragment) and file.suffix == ".py":
         parts = fragment.split("(")[0].split(".")
         missing = [part for part in parts if not _defined(part, source)]
         return f"`{path}` does not define {', '.join(missing)} (cited as `{fragment}`)" if missing else None
@@ -71,12 +134,13 @@ def problem(reference: dict[str, str | None], site: Path = SITE) -> str | None:
 
 
 def notebook_references() -> list[tuple[str, str, dict[str, str | None]]]:
-    """(notebook, cell id, reference) for every reference in the solutions' markdown."""
+    """(notebook, cell id, reference) for every reference in the solutions' markdown, and in ERRORS.md."""
     found = []
     for path in sorted((REPO / "solutions").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "markdown":
                 found += [(path.stem, cell.id, ref) for ref in references(cell.source)]
+    found += [("ERRORS.md", "-", ref) for ref in references((REPO / "ERRORS.md").read_text(encoding="utf-8"))]
     return found
 
 
@@ -134,3 +198,58 @@ def test_a_holding_reference_is_not_reported():
                  "(`default_pg_timeout` in `torch/distributed/constants.py`)",
                  "(`torch/optim/optimizer.py`: `raise ValueError(\"optimizer got an empty parameter list\")`)"):
         assert [problem(ref) for ref in references(text)] == [None], text
+
+
+# ------------------------------------------------------------------------------- the "In the source" line
+
+GOOD_LINE = ('*In the source:* `KJTAllToAll` in `torchrec/distributed/dist_data.py`; '
+             '`torch/optim/optimizer.py`: `raise ValueError("optimizer got an empty parameter list")`; '
+             '`torch/distributed/distributed_c10d.py`: "in a way that all get the final result"; '
+             '"exclusive access to every GPU", `torch/distributed/distributed_c10d.py`')
+
+
+def test_a_good_in_the_source_line_is_read_item_by_item_and_holds():
+    items = source_line_items("Some prose.\n\n" + GOOD_LINE + "\n")
+    assert [item["fragment"] for item in items] == [
+        "KJTAllToAll", 'raise ValueError("optimizer got an empty parameter list")',
+        "in a way that all get the final result", "exclusive access to every GPU"]
+    assert [problem(ref) for ref in references(GOOD_LINE)] == [None] * 4
+
+
+@pytest.mark.parametrize("line", [
+    "**In the source:** `KJTAllToAll` in `torchrec/distributed/dist_data.py`.",
+    "In the source: `KJTAllToAll` in `torchrec/distributed/dist_data.py`",
+    "_In the source:_ `KJTAllToAll` in `torchrec/distributed/dist_data.py`",
+    "*In the source*: `KJTAllToAll` in `torchrec/distributed/dist_data.py`",
+    "*In the source:* `launch` in `course_lib/launcher/launch.py`",
+    '*In the source:* `tools/setup_venv.sh`: "--no-deps"',
+])
+def test_the_in_the_source_line_may_be_marked_and_end_as_prose_does(line):
+    assert [problem(ref) for ref in references(line)] == [None], line
+
+
+@pytest.mark.parametrize("line, words", [
+    ("*In the source:* `KJTAllToAll` in `torchrec/distributed/no_such_file.py`", "is not in the installed packages"),
+    ("*In the source:* `NoSuchClass` in `torchrec/distributed/dist_data.py`", "does not define NoSuchClass"),
+    ('*In the source:* `torch/optim/optimizer.py`: "a sentence torch never wrote"', "does not contain"),
+    ("*In the source:* `torchrec/distributed/dist_data.py`", "cannot read"),  # a path with nothing to look for
+    ("*In the source:* `KJTAllToAll` at `torchrec/distributed/dist_data.py`", "cannot read"),  # not a form
+    ("*In the source:* `KJTAllToAll` in torchrec/distributed/dist_data.py", "cannot read"),  # a missing backtick
+    ("*In the source:* `KJTAllToAll` in `torchrec/distributed/dist_data.py`, `KJTAllToAll` in "
+     "`torchrec/distributed/dist_data.py`", "cannot read"),  # "," where ";" separates items
+    ("*In the source:* `launch` in `course_lib/launcher/no_such_module.py`", "is not in the repository"),
+])
+def test_a_broken_or_unparsable_item_in_the_in_the_source_line_fails(line, words):
+    found = [problem(ref) or "" for ref in references(GOOD_LINE + "\n\n" + line)]
+    assert found[:4] == [""] * 4, "the good line's items must still hold"
+    assert len(found) >= 5 and any(words in why for why in found[4:]), found
+
+
+def test_a_semicolon_inside_a_quoted_fragment_does_not_split_the_item():
+    items = source_line_items('*In the source:* `torch/x.py`: `a; b`; "c; d", `torch/y.py`')
+    assert [(item["path"], item["fragment"]) for item in items] == [("torch/x.py", "a; b"), ("torch/y.py", "c; d")]
+
+
+def test_sentences_keep_their_loose_reading_beside_a_source_line():
+    text = "A sentence (`KJTAllToAll` in `torchrec/distributed/dist_data.py`).\n\n" + GOOD_LINE
+    assert len(references(text)) == 5 and [problem(ref) for ref in references(text)] == [None] * 5
