@@ -205,7 +205,7 @@ def check_row_wise(
         fail(f"shard_rows must be a function, got a {type(shard_rows).__name__}", "pass the function itself")
     topologies = [
         ("the cluster (2 hosts x 4 GPUs)", planning.topology(8, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
-        ("a second topology (2 hosts x 3 GPUs)", planning.topology(6, local_world_size=3, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
+        ("2 hosts x 3 GPUs", planning.topology(6, local_world_size=3, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
         ("one host of 4 GPUs", planning.topology(4, local_world_size=4, compute_device="cuda", hbm_cap_bytes=16 * 2**30)),
     ]
     found, planned = [], []
@@ -218,7 +218,7 @@ def check_row_wise(
         expected = _judge_row_wise(plan, tables, table, topology.world_size, what)
         _judge_others_left_alone(plan, topology, tables, table, what)
         _judge_shard_rows(shard_rows, plan, table, expected, what)
-        found.append(expected)
+        found.append((what, expected))
         shuffled = copy.deepcopy(plan)
         specs = shuffled.plan[""][table].sharding_spec.shards
         specs[:] = specs[len(specs) // 2 :][::-1] + specs[: len(specs) // 2]
@@ -247,12 +247,13 @@ def check_row_wise(
             _judge_shard_rows(shard_rows, plan, other, rows, f"{what}, table {other!r}")
     config = next(t for t in tables if t.name == table)
     texts = []
-    for rows in found:
+    for what, rows in found:  # each topology by name: the pass line says where each cut was made
         sizes = sorted(set(rows))
-        texts.append(f"{len(rows)} shards of {sizes[0]} rows" if len(sizes) == 1 else f"shards of {rows} rows")
+        cut = f"{len(rows)} shards of {sizes[0]} rows" if len(sizes) == 1 else f"shards of {rows} rows"
+        texts.append(f"{cut} on {what}")
     passed(
-        f"{table!r} is row-wise over every rank: {' and '.join(texts)} x {config.embedding_dim} "
-        f"cover all {config.num_embeddings} rows once; shard_rows reads them in row order"
+        f"{table!r} is row-wise over every rank, and its shards cover all {config.num_embeddings} rows "
+        f"x {config.embedding_dim} once: {', '.join(texts)}; shard_rows reads them in row order"
     )
 
 
