@@ -31,17 +31,17 @@ REWRITTEN = frozenset([
 
     "ERRORS",
 
-    # "01_collectives",
+    "01_collectives",
 
-    # "02_embeddings",
+    "02_embeddings",
 
-    # "03_sharding",
+    "03_sharding",
 
-    # "04_dmp",
+    "04_dmp",
 
-    # "05_sparse_optimizers",
+    "05_sparse_optimizers",
 
-    # "06_fsdp",
+    "06_fsdp",
 
     # "07_hybrid",
 
