@@ -90,3 +90,27 @@ def test_the_record_keeps_the_last_pass_through_a_failure(tmp_path: Path):
     assert before["verdict"] == "passed"
     entry = progress.load(record)["08"]["check_save"]
     assert entry["verdict"] == "failed" and entry["last_passed"] == before["last_passed"]
+
+
+def _solutions_with(folder: Path, exercise_source: str) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(exercise_source, id="ex1"), nbformat.v4.new_code_cell(CHECK, id="ck1")]
+    nbformat.write(nb, folder / "00_setup.ipynb")
+
+
+def test_without_a_reference_or_with_a_broken_one_the_check_says_what_the_cells_below_need(kernel, tmp_path: Path):
+    empty, broken = tmp_path / "empty", tmp_path / "broken"
+    empty.mkdir()
+    broken.mkdir()
+    _solutions_with(broken, "### BEGIN SOLUTION\ndef fixes():\n    return given_above\n### END SOLUTION\nundefined_name\n")
+    kernel.run(f"import os\nos.environ['COURSE_PROGRESS_FILE'] = {str(tmp_path / 'p.json')!r}\n"
+               "from course_lib.checks import lab00")
+    kernel.run(STUB)
+    kernel.run(f"os.environ['COURSE_SOLUTIONS'] = {str(empty)!r}")
+    text = _lines(kernel.run(CHECK))
+    assert "fixes is not written yet" in text and "↪ no reference answer here to use instead" in text
+    kernel.run(f"os.environ['COURSE_SOLUTIONS'] = {str(broken)!r}")
+    text = _lines(kernel.run(CHECK))
+    assert "↪ the course's reference answer could not stand in (NameError: name 'undefined_name'" in text

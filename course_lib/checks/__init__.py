@@ -234,6 +234,9 @@ def _use_reference(lab: str, check: Callable[..., Any], namespace: dict[str, Any
         cell = reference.use_reference(lab, check.__name__, namespace)
     except reference.NoReference as missing:
         return f"↪ no reference answer here to use instead ({missing}): the cells below need yours"
+    except Exception as error:  # noqa: BLE001  (the cells above it did not run, or were changed)
+        return (f"↪ the course's reference answer could not stand in ({one_line(error)}): run the cells above "
+                "this exercise, then this check again")
     for name in cell.answers:  # marked, so that a check handed the reference does not count it as the learner's
         with contextlib.suppress(AttributeError, TypeError, KeyError):
             setattr(namespace[name], REFERENCE_MARK, True)
