@@ -49,7 +49,7 @@ REWRITTEN = frozenset([
 
     # "09_scale",
 
-    # "10_new_ids",
+    "10_new_ids",
 
     # "11_cheaper",
 
