@@ -43,7 +43,7 @@ REWRITTEN = frozenset([
 
     "06_fsdp",
 
-    # "07_hybrid",
+    "07_hybrid",
 
     # "08_checkpointing",
 
