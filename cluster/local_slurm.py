@@ -8,7 +8,10 @@
         state = cluster.wait(job, timeout=300)         # {"JobState": "COMPLETED", "ExitCode": "0:0", ...}
 
 Two nodes, ``n1`` and ``n2``, are two ``slurmd -N`` daemons on localhost (Debian builds slurmd with
-multiple-slurmd support), each on its own port, with one CPU each; one ``slurmctld``, one ``munged`` with
+multiple-slurmd support), each on its own port and each declared with all the CPUs this process may use
+(both nodes share them); ``task/affinity`` confines every task to the CPUs its step was given, as a real
+cluster's task plugin does, so a task that gets fewer CPUs than its job shows it in ``sched_getaffinity``.
+One ``slurmctld``, one ``munged`` with
 its own key and socket, and every path (config, state, spool, logs) under one temporary folder. The
 daemons run in the foreground as children of this process; ``stop()`` cancels the jobs, ends the
 daemons and then every process that carries this cluster's marker in its environment (job steps, tasks),
@@ -94,8 +97,12 @@ def _tail(path: Path, lines: int = 30) -> str:
 class LocalSlurm:
     """A Slurm cluster of `nodes` nodes (n1, n2, ...) on localhost; a context manager that starts and stops it."""
 
-    def __init__(self, nodes: int = 2, root: str | os.PathLike[str] | None = None, slurmd_timeout: int = 10) -> None:
+    def __init__(self, nodes: int = 2, root: str | os.PathLike[str] | None = None, slurmd_timeout: int = 10,
+                 cpus: int | None = None) -> None:
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
+        # CPUs per node: by default the CPUs this process may use (slurmd -C on a 2-core machine says CPUs=2),
+        # so that task/affinity binds tasks to real CPU ids. Every node claims the same CPUs.
+        self.cpus = cpus or len(os.sched_getaffinity(0))
         self.root = Path(root or tempfile.mkdtemp(prefix="local-slurm-"))
         self.slurmd_timeout = slurmd_timeout
         self.conf = self.root / "slurm.conf"
@@ -137,7 +144,9 @@ class LocalSlurm:
             f"AuthInfo=socket={self.munge_socket}",
             "MpiDefault=none",
             "ProctrackType=proctrack/linuxproc",  # no cgroups, no systemd here
-            "TaskPlugin=task/none",
+            # task/affinity binds each task to its step's CPUs (sched_setaffinity) and needs no cgroups; with
+            # task/none a task could use every CPU whatever it was given, and tests could not see it.
+            "TaskPlugin=task/affinity",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/backfill",
@@ -158,7 +167,7 @@ class LocalSlurm:
             f"SlurmdPidFile={r}/run/slurmd-%n.pid",
             f"SlurmctldLogFile={r}/log/slurmctld.log",
             f"SlurmdLogFile={r}/log/slurmd-%n.log",
-            *(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1 State=UNKNOWN"
+            *(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} State=UNKNOWN"
               for n, p in zip(self.nodes, node_ports)),
             f"PartitionName=local Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
         ]

@@ -6,6 +6,8 @@ slurmds (cluster/local_slurm.py), which the module's fixture stops again, checki
 """
 from __future__ import annotations
 
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -122,6 +124,67 @@ def test_scancel_ends_every_rank(cluster, tmp_path):
     cluster.command("scancel", job)
     fields = cluster.wait(job, timeout=120)
     assert fields.get("JobState") == "CANCELLED", explain(cluster, job, tmp_path)
+    assert job_processes(cluster) == [], explain(cluster, job, tmp_path)
+
+
+def cpu_list(text: str) -> set[int]:
+    """A Slurm/Linux CPU list ("0-1,4") as a set of CPU ids."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def allocated_cpus(cluster: local_slurm.LocalSlurm, job: str) -> dict[str, set[int]]:
+    """The CPUs the running `job` holds on each node (``scontrol -d show job``: "Nodes=n[1-2] CPU_IDs=0-1").
+    Slurm's CPU ids are machine CPU ids here: one socket's cores, numbered as Linux numbers them."""
+    out = cluster.command("scontrol", "-d", "show", "job", job)
+    found = {}
+    for nodes, ids in re.findall(r"Nodes=(\S+) CPU_IDs=(\S+)", out):
+        for node in cluster.command("scontrol", "show", "hostnames", nodes).split():
+            found[node] = cpu_list(ids)
+    return found
+
+
+def rank_cpus(cluster: local_slurm.LocalSlurm, node: str) -> dict[int, set[int]]:
+    """The CPUs each rank (not its torchrun) on `node` may run on: ``os.sched_getaffinity`` of its pid."""
+    found = {}
+    for pid, cmdline in cluster.marked_processes(node).items():
+        if "course_lib.run" in cmdline and "torch.distributed.run" not in cmdline:
+            try:
+                found[pid] = os.sched_getaffinity(pid)
+            except ProcessLookupError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("sbatch_args", [("--exclusive",), ()], ids=["exclusive", "plain"])
+def test_each_rank_may_use_every_cpu_its_job_has_on_the_node(cluster, tmp_path, sbatch_args):
+    # Neither submission passes --cpus-per-task, so SLURM_CPUS_PER_TASK is unset; with --exclusive the job
+    # holds every CPU of both nodes, and the one task per node must get all of them for its ranks.
+    if sbatch_args and cluster.cpus < 2:
+        pytest.skip("nodes of one CPU: a task given one CPU looks like a task given all of them")
+    job = submit(cluster, tmp_path, sbatch_args, STEPS=100_000)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not all(rank_cpus(cluster, node) for node in cluster.nodes):  # torchrun has started the ranks
+            assert time.monotonic() < deadline, explain(cluster, job, tmp_path)
+            assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING"), explain(cluster, job, tmp_path)
+            time.sleep(0.2)
+        allocated = allocated_cpus(cluster, job)
+        ranks = {node: rank_cpus(cluster, node) for node in cluster.nodes}
+    finally:
+        cluster.command("scancel", job, check=False)  # the ranks need not train: their CPUs are set
+    print(f"\n{' '.join(sbatch_args) or 'plain'}: job {job} allocated {allocated}; ranks may use {ranks}")
+    assert sorted(allocated) == cluster.nodes, explain(cluster, job, tmp_path)
+    if sbatch_args == ("--exclusive",):
+        assert all(len(cpus) == cluster.cpus for cpus in allocated.values()), allocated  # whole nodes
+    for node in cluster.nodes:
+        for pid, cpus in ranks[node].items():
+            assert cpus == allocated[node], \
+                f"rank {pid} on {node} may use CPUs {sorted(cpus)}, the job has {sorted(allocated[node])} there"
+    assert cluster.wait(job, timeout=120).get("JobState") == "CANCELLED", explain(cluster, job, tmp_path)
     assert job_processes(cluster) == [], explain(cluster, job, tmp_path)
 
 
