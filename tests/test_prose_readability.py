@@ -53,7 +53,7 @@ REWRITTEN = frozenset([
 
     # "11_cheaper",
 
-    # "12_llm_era",
+    "12_llm_era",
 ])
 
 
