@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-__all__ = ["parallelize", "fsdp_groups", "full_parameters", "is_sharded"]
+__all__ = ["parallelize", "fsdp_groups", "full_parameters", "is_sharded", "held_bytes"]
 
 
 def parallelize(
@@ -92,3 +92,48 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
         full = param.full_tensor() if is_sharded(param) else param
         out[name] = full.detach().cpu().clone()
     return out
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes this rank holds now for an FSDP2 `model`, at any moment, forward and backward included.
+
+    ``"sharded params"``: FSDP's shards (kept in the parameters' own dtype, fp32 here, even while the full
+    parameters exist); ``"full params"``: the unsharded parameters FSDP all-gathered and has not freed yet (in
+    ``param_dtype`` under a ``MixedPrecisionPolicy``); ``"grads"``: gradients, sharded or full;
+    ``"optimizer"``: the tensors in ``optimizer.state`` but Adam's step counters. Each storage counts once,
+    a freed one (resized to 0) not at all. ``memory.measure`` sees only the parameters registered on the
+    modules, which between forward and backward may be the full ones alone.
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    seen: dict[int, tuple[str, int]] = {}
+
+    def add(kind: str, t: torch.Tensor | None) -> None:
+        if t is None:
+            return
+        storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+        if storage.nbytes():
+            seen.setdefault(storage.data_ptr(), (kind, storage.nbytes()))
+
+    params = []  # FSDP's own record of each parameter: its shard, its all-gathered copy (FSDPParam)
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        params += group.fsdp_params if group is not None else []
+    for param in params:
+        add("sharded params", param._sharded_param_data)
+    for param in params:
+        for t in [*param.all_gather_outputs, getattr(param, "_unsharded_param", None)]:
+            add("full params", t)
+    for param in params:
+        add("grads", param.sharded_param.grad)
+        unsharded = getattr(param, "_unsharded_param", None)
+        add("grads", unsharded.grad if unsharded is not None else None)
+    for state in (optimizer.state.values() if optimizer is not None else []):
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                add("optimizer", value)
+    held = dict.fromkeys(("sharded params", "full params", "grads", "optimizer"), 0)
+    for kind, nbytes in seen.values():
+        held[kind] += nbytes
+    return held

@@ -122,6 +122,59 @@ class TinyTransformer(nn.Module):
         return self.output(self.norm(h))
 
 
+class TiedEncoderDecoder(nn.Module):
+    """A small encoder-decoder laid out like T5: one token embedding, ``shared``, feeds the encoder and the
+    decoder, and is the output head's weight too (``lm_head.weight is shared.weight``).
+
+    The blocks live in two lists: ``encoder`` (``nn.TransformerEncoderLayer``) and ``decoder``
+    (``nn.TransformerDecoderLayer``: causal self-attention, then cross-attention to the encoder's output). A
+    learned ``positions`` embedding and the two final norms belong to the model itself. No dropout.
+
+    ``forward(source, target)`` takes int64 ``[B, S]`` and ``[B, T]`` (both at most ``max_seq_len``) and returns
+    ``[B, T, vocab_size]``: logits for the next target token.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 64,
+        d_model: int = 32,
+        n_heads: int = 2,
+        n_encoder_layers: int = 2,
+        n_decoder_layers: int = 2,
+        max_seq_len: int = 16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(vocab_size, d_model, device=device)
+        self.positions = nn.Embedding(max_seq_len, d_model, device=device)
+        options = {"dropout": 0.0, "batch_first": True, "norm_first": True, "device": device}
+        self.encoder = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, **options) for _ in range(n_encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            nn.TransformerDecoderLayer(d_model, n_heads, 4 * d_model, **options) for _ in range(n_decoder_layers)
+        )
+        self.encoder_norm = nn.LayerNorm(d_model, device=device)
+        self.decoder_norm = nn.LayerNorm(d_model, device=device)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False, device=device)
+        self.lm_head.weight = self.shared.weight
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.shared(tokens) + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        memory = self._embed(source)
+        for block in self.encoder:
+            memory = block(memory)
+        memory = self.encoder_norm(memory)
+        length = target.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=target.device, dtype=memory.dtype)
+        h = self._embed(target)
+        for block in self.decoder:
+            h = block(h, memory, tgt_mask=mask, tgt_is_causal=True)
+        return self.lm_head(self.decoder_norm(h))
+
+
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of predicting ``tokens[:, t + 1]`` from ``logits[:, t]``."""
     return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())

@@ -16,13 +16,57 @@ from course_lib.models import TinyTransformer
 def shard_solution(model):
     from torch.distributed.fsdp import fully_shard
 
+    for block in [*model.encoder, *model.decoder]:
+        fully_shard(block)
+    fully_shard([model.shared, model.lm_head])
+    fully_shard(model)
+
+
+def shard_tied_pair_left_to_the_root(model):  # not a mistake: the root's group holds the tied matrix
+    from torch.distributed.fsdp import fully_shard
+
+    for block in [*model.encoder, *model.decoder]:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def shard_with_parallelize(model):  # not a mistake: parallelize with its blocks named
+    from course_lib.fsdp import parallelize
+
+    parallelize(model, [*model.encoder, *model.decoder, [model.shared, model.lm_head]])
+
+
+def shard_like_torchtitan(model):  # not a mistake: the last block keeps its parameters for the backward
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = [*model.encoder, *model.decoder]
+    for i, block in enumerate(blocks):
+        fully_shard(block, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model)
+
+
+@pytest.mark.parametrize("answer", [shard_tied_pair_left_to_the_root, shard_with_parallelize, shard_like_torchtitan])
+def test_shard_check_accepts_other_right_answers(answer, capsys):
+    lab06.check_shard(answer)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def shard_nothing(model):
+    return model
+
+
+def shard_as_in_the_lab(model):  # section 2's loop, on a model without `.layers`
+    from torch.distributed.fsdp import fully_shard
+
     for block in model.layers:
         fully_shard(block)
     fully_shard(model)
 
 
-def shard_nothing(model):
-    return model
+def shard_with_parallelize_defaults(model):
+    from course_lib.fsdp import parallelize
+
+    parallelize(model)
 
 
 def shard_root_only(model):
@@ -31,51 +75,84 @@ def shard_root_only(model):
     fully_shard(model)
 
 
-def shard_blocks_only(model):
+def shard_the_encoder_only(model):  # the decoder's blocks left to the root
     from torch.distributed.fsdp import fully_shard
 
-    for block in model.layers:
+    for block in model.encoder:
         fully_shard(block)
+    fully_shard(model)
+
+
+def shard_the_lists(model):  # one group per list, not per block
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model.encoder)
+    fully_shard(model.decoder)
+    fully_shard(model)
+
+
+def shard_the_tied_pair_apart(model):  # the lab's tied-weight mistake
+    from torch.distributed.fsdp import fully_shard
+
+    for block in [*model.encoder, *model.decoder]:
+        fully_shard(block)
+    fully_shard(model.shared)
+    fully_shard(model.lm_head)
+    fully_shard(model)
+
+
+def shard_the_head_alone(model):  # the output head a group, the embedding left to the root
+    from torch.distributed.fsdp import fully_shard
+
+    for block in [*model.encoder, *model.decoder]:
+        fully_shard(block)
+    fully_shard(model.lm_head)
+    fully_shard(model)
+
+
+def shard_after_untying(model):  # dodges FSDP's error by giving the head a copy
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    for block in [*model.encoder, *model.decoder]:
+        fully_shard(block)
+    fully_shard(model.shared)
+    fully_shard(model.lm_head)
+    fully_shard(model)
+
+
+def shard_the_pair_with_a_block(model):  # the tied pair and a block as one group
+    from torch.distributed.fsdp import fully_shard
+
+    for block in [*model.encoder, *model.decoder[1:]]:
+        fully_shard(block)
+    fully_shard([model.shared, model.lm_head, model.decoder[0]])
+    fully_shard(model)
 
 
 def shard_root_first(model):
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(model)
-    for block in model.layers:
+    for block in [*model.encoder, *model.decoder]:
         fully_shard(block)
 
 
-def shard_with_ddp(model):
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model)
-
-
-def shard_resharding_the_root_too(model):  # not a mistake: the root gathers once more in backward
+def shard_blocks_only(model):
     from torch.distributed.fsdp import fully_shard
 
-    for block in model.layers:
+    for block in [*model.encoder, *model.decoder]:
         fully_shard(block)
-    fully_shard(model, reshard_after_forward=True)
+    fully_shard([model.shared, model.lm_head])
 
 
-def test_shard_check_accepts_a_root_that_reshards(capsys):
-    lab06.check_shard(shard_resharding_the_root_too)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-def shard_like_torchtitan(model):  # not a mistake: the last block keeps its parameters for the backward
+def shard_without_resharding(model):
     from torch.distributed.fsdp import fully_shard
 
-    for i, block in enumerate(model.layers):
-        fully_shard(block, reshard_after_forward=i < len(model.layers) - 1)
+    for block in [*model.encoder, *model.decoder]:
+        fully_shard(block, reshard_after_forward=False)
     fully_shard(model)
-
-
-def test_shard_check_accepts_the_last_block_kept_whole_as_torchtitan_does(capsys):
-    lab06.check_shard(shard_like_torchtitan)
-    assert capsys.readouterr().out.startswith("✓")
 
 
 def shard_a_copy(model):
@@ -84,64 +161,10 @@ def shard_a_copy(model):
     from torch.distributed.fsdp import fully_shard
 
     model = copy.deepcopy(model)
-    for block in model.layers:
+    for block in [*model.encoder, *model.decoder]:
         fully_shard(block)
     fully_shard(model)
     return model
-
-
-def shard_without_resharding(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for block in model.layers:
-        fully_shard(block, reshard_after_forward=False)
-    fully_shard(model)
-
-
-def shard_keeping_the_first_block(model):  # torchtitan's idea, the index off: layers.0 keeps its parameters
-    from torch.distributed.fsdp import fully_shard
-
-    for i, block in enumerate(model.layers):
-        fully_shard(block, reshard_after_forward=i != 0)
-    fully_shard(model)
-
-
-def shard_in_reverse_order(model):  # not a mistake: the order of the block calls does not matter
-    from torch.distributed.fsdp import fully_shard
-
-    for block in reversed(model.layers):
-        fully_shard(block)
-    fully_shard(model)
-
-
-def test_shard_check_accepts_the_blocks_sharded_in_reverse_order(capsys):
-    lab06.check_shard(shard_in_reverse_order)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-def shard_the_embedding_too(model):
-    from torch.distributed.fsdp import fully_shard
-
-    fully_shard(model.tok_embeddings)
-    for block in model.layers:
-        fully_shard(block)
-    fully_shard(model)
-
-
-def shard_every_linear(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for module in list(model.modules()):
-        if isinstance(module, torch.nn.Linear):
-            fully_shard(module)
-    fully_shard(model)
-
-
-def shard_the_blocks_as_one_group(model):  # fully_shard of a list: one group, one all-gather for every block
-    from torch.distributed.fsdp import fully_shard
-
-    fully_shard(list(model.layers))
-    fully_shard(model)
 
 
 def not_written(model):
@@ -151,23 +174,26 @@ def not_written(model):
 def test_shard_check_accepts_the_solution(capsys):
     lab06.check_shard(shard_solution)
     out = capsys.readouterr().out
-    assert out.startswith("✓") and "4 all-gathers per forward" in out
+    assert out.startswith("✓") and "7 all-gathers per forward (the shared matrix once" in out
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
         (shard_nothing, "no parameter is sharded"),
+        (shard_as_in_the_lab, "this model has no `layers`"),
+        (shard_with_parallelize_defaults, "this model has no `layers`"),
         (shard_root_only, "only the root was sharded"),
-        (shard_blocks_only, "the root is not sharded"),
+        (shard_the_encoder_only, "decoder.0, decoder.1, decoder.2 are not a group of its own"),
+        (shard_the_lists, "fully_shard refused a ModuleList"),
+        (shard_the_tied_pair_apart, "one matrix, and it is split: shared and lm_head are two groups"),
+        (shard_the_head_alone, "it is split: lm_head is a group and shared is left to the root"),
+        (shard_after_untying, "lm_head.weight is no longer shared.weight"),
+        (shard_the_pair_with_a_block, "shared, decoder.0, lm_head are one FSDP group"),
         (shard_root_first, "bottom-up|not a group"),
-        (shard_with_ddp, "no parameter is sharded"),
+        (shard_blocks_only, "the root is not sharded"),
+        (shard_without_resharding, "reshard_after_forward=False"),
         (shard_a_copy, "returned another module"),
-        (shard_without_resharding, "reshard_after_forward"),
-        (shard_keeping_the_first_block, "layers.0 kept its full parameters after its forward"),
-        (shard_the_embedding_too, "of its own besides the blocks"),
-        (shard_every_linear, "are groups of its own besides"),
-        (shard_the_blocks_as_one_group, "layers.0, layers.1, layers.2 are one FSDP group"),
         (not_written, "not written yet"),
     ],
 )
@@ -179,75 +205,62 @@ def test_shard_check_rejects_wrong_answers(wrong, words):
 # ------------------------------------------------------------------------------------- bytes
 
 
-def predict_solution(num_params, world_size):
-    return {"params": 4 * num_params / world_size, "grads": 4 * num_params / world_size,
-            "optimizer": 8 * num_params / world_size}
+def predict_solution(num_params, world_size, reshard_after_forward, param_dtype):
+    return {"sharded params": 4 * num_params / world_size,
+            "full params": 0 if reshard_after_forward else param_dtype.itemsize * num_params,
+            "grads": 0, "optimizer": 8 * num_params / world_size}
 
 
-def predict_ddp(num_params, world_size):
-    return {"params": 4 * num_params, "grads": 4 * num_params, "optimizer": 8 * num_params}
+def with_(key, value):  # the solution with one entry replaced by value(num_params, world_size, reshard, dtype)
+    def predict(n, w, reshard, dtype):
+        return {**predict_solution(n, w, reshard, dtype), key: value(n, w, reshard, dtype)}
+    return predict
 
 
-def predict_one_adam_state(num_params, world_size):
-    return {**predict_solution(num_params, world_size), "optimizer": 4 * num_params / world_size}
+def predict_after_the_step(num_params, world_size, reshard_after_forward, param_dtype):  # the lab's formula
+    return {"sharded params": 4 * num_params / world_size, "full params": 0,
+            "grads": 4 * num_params / world_size, "optimizer": 8 * num_params / world_size}
 
 
-def predict_master_copy(num_params, world_size):
-    return {**predict_solution(num_params, world_size), "optimizer": 12 * num_params / world_size}
+def predict_ddp(num_params, world_size, reshard_after_forward, param_dtype):
+    return {"sharded params": 4 * num_params, "full params": 0, "grads": 0, "optimizer": 8 * num_params}
 
 
-def predict_zero2(num_params, world_size):  # parameters left whole
-    return {**predict_solution(num_params, world_size), "params": 4 * num_params}
-
-
-def predict_count_not_bytes(num_params, world_size):
-    return {"params": num_params / world_size, "grads": num_params / world_size,
-            "optimizer": 2 * num_params / world_size}
-
-
-def predict_zero1(num_params, world_size):  # only the optimizer state sharded
-    return {**predict_solution(num_params, world_size), "params": 4 * num_params, "grads": 4 * num_params}
-
-
-def predict_no_grads(num_params, world_size):  # "gradients are freed after the step"
-    return {**predict_solution(num_params, world_size), "grads": 0}
-
-
-def predict_for_two_ranks(num_params, world_size):  # world_size typed in
-    return predict_solution(num_params, 2)
-
-
-def predict_bf16(num_params, world_size):  # 2 bytes a parameter and a gradient
-    return {**predict_solution(num_params, world_size), "params": 2 * num_params / world_size,
-            "grads": 2 * num_params / world_size}
+def predict_for_two_ranks(num_params, world_size, reshard_after_forward, param_dtype):  # world_size typed in
+    return predict_solution(num_params, 2, reshard_after_forward, param_dtype)
 
 
 def test_bytes_check_accepts_the_solution(capsys):
     lab06.check_bytes_prediction(predict_solution)
-    assert capsys.readouterr().out.startswith("✓")
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "in all 4 settings" in out
 
 
 def test_bytes_check_accepts_numpy_numbers(capsys):
     import numpy as np
 
-    lab06.check_bytes_prediction(lambda n, w: {k: np.float32(v) for k, v in predict_solution(n, w).items()})
+    lab06.check_bytes_prediction(lambda *a: {k: np.float32(v) for k, v in predict_solution(*a).items()})
     assert capsys.readouterr().out.startswith("✓")
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (predict_ddp, "under DDP"),
-        (predict_one_adam_state, "two fp32 tensors"),
-        (predict_master_copy, "no fp32 master copy"),
-        (predict_zero2, "under DDP"),
-        (predict_count_not_bytes, "counts values, not bytes"),
-        (predict_zero1, "under DDP"),
-        (predict_no_grads, "grads"),
+        (predict_after_the_step, "(?s)full params=0 bytes .* reshard_after_forward=False keeps each group's full"),
+        (with_("grads", lambda n, w, r, d: 4 * n / w), "zero_grad\\(\\) sets every gradient to None"),
+        (with_("full params", lambda n, w, r, d: 0 if r else 4 * n), "param_dtype=torch.bfloat16: the all-gather casts"),
+        (with_("full params", lambda n, w, r, d: 0 if r else d.itemsize * n / w), "whole on every rank"),
+        (with_("full params", lambda n, w, r, d: d.itemsize * n), "reshard_after_forward=True on every group, the root too"),
+        (with_("full params", lambda n, w, r, d: 0 if r else (d.itemsize + 4) * n), "count the shards under"),
+        (with_("sharded params", lambda n, w, r, d: d.itemsize * n / w), "the shards stay fp32"),
+        (with_("sharded params", lambda n, w, r, d: 4 * n / w if r else 0), "FSDP keeps the shards"),
+        (with_("optimizer", lambda n, w, r, d: 4 * n / w), "two fp32 tensors"),
+        (predict_ddp, "1/world_size"),
+        (with_("full params", lambda n, w, r, d: 0 if r else d.itemsize * n / 4), "counts values, not bytes"),
         (predict_for_two_ranks, "on 4 ranks"),
-        (predict_bf16, "fp32 \\(4 bytes a value\\), not bf16"),
-        (lambda n, w: [1, 2, 3], "return a dict"),
-        (lambda n, w: {"params": "4N", "grads": 0, "optimizer": 0}, "number of bytes"),
+        (lambda n, w, r, d: [1, 2, 3], "return a dict"),
+        (lambda n, w, r, d: {**predict_solution(n, w, r, d), "grads": "0"}, "number of bytes"),
+        (lambda n, w, r, d: predict_solution(n, w, r, 2), "raised AttributeError"),
     ],
 )
 def test_bytes_check_rejects_wrong_answers(wrong, words):
@@ -257,12 +270,13 @@ def test_bytes_check_rejects_wrong_answers(wrong, words):
 
 def test_the_bytes_model_divides_evenly_on_four_ranks():
     num_params, measured = lab06.measured_bytes(4)
-    assert measured == {"params": num_params, "grads": num_params, "optimizer": 2 * num_params,
-                        "total": 4 * num_params}
+    assert measured[(False, "bfloat16")] == {"sharded params": num_params, "full params": 2 * num_params, "grads": 0,
+                                             "optimizer": 2 * num_params}
+    assert measured[(True, "float32")]["full params"] == 0
 
 
 def test_bytes_check_says_when_the_answer_is_not_written():
-    def predict(num_params, world_size):
+    def predict(num_params, world_size, reshard_after_forward, param_dtype):
         raise NotImplementedError()
 
     with pytest.raises(CheckFailed, match="not written yet"):
@@ -272,8 +286,8 @@ def test_bytes_check_says_when_the_answer_is_not_written():
 # ---------------------------------------------------------------------------------- layout decision
 
 
-def predict_state(num_params, shards):  # exercise 2's answer, summed
-    return sum(predict_solution(num_params, shards).values())
+def predict_state(num_params, shards):  # model state at rest: 16 bytes per parameter / shards
+    return 16 * num_params / shards
 
 
 def layouts_of(hosts, ranks_per_host, hsdp=None):
@@ -622,19 +636,21 @@ def test_build_check_rejects_wrong_answers(build, words):
         lab06.check_build_on_mesh(build)
 
 
-def predict_the_measured_model(num_params, world_size):  # its own count of the check's model, not num_params
+def predict_the_measured_model(num_params, world_size, reshard_after_forward, param_dtype):  # its own count
     from course_lib import memory
     from course_lib.models import TinyTransformer
 
-    return predict_solution(memory.count_params(TinyTransformer(**lab06.BYTES_MODEL, device="meta")), world_size)
+    n = memory.count_params(TinyTransformer(**lab06.BYTES_MODEL, device="meta"))
+    return predict_solution(n, world_size, reshard_after_forward, param_dtype)
 
 
-def predict_the_measured_numbers(num_params, world_size):  # the measurements the failure messages print, looked up
-    return {k: v for k, v in lab06.measured_bytes(world_size)[1].items() if k != "total"}
+def predict_the_measured_numbers(num_params, world_size, reshard_after_forward, param_dtype):  # looked up
+    dtype = str(param_dtype).removeprefix("torch.")
+    return lab06.measured_bytes(world_size)[1][(reshard_after_forward, dtype)]
 
 
 @pytest.mark.parametrize("wrong", [predict_the_measured_model, predict_the_measured_numbers])
 def test_bytes_check_rejects_an_answer_right_for_the_measured_model_only(wrong):
-    with pytest.raises(CheckFailed, match=r"predict_fsdp_bytes\(1,000,000, 8\) gives params=.* the formula is right for "
+    with pytest.raises(CheckFailed, match=r"predict_held_bytes\(1,000,000, 8, .*\) gives .* the formula is right for "
                                           r"the measured model only"):
         lab06.check_bytes_prediction(wrong)

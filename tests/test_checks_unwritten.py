@@ -86,7 +86,7 @@ CASES = {
     "05 state_bytes": (lab05.check_state_bytes, [stub("state_bytes_per_rank"), {}], "state_bytes_per_rank"),
     "05 budget_choice": (lab05.check_budget_choice, [stub("choose_sharder")], "choose_sharder"),
     "06 shard": (lab06.check_shard, [stub("shard")], "shard"),
-    "06 bytes": (lab06.check_bytes_prediction, [stub("predict_fsdp_bytes")], "predict_fsdp_bytes"),
+    "06 bytes": (lab06.check_bytes_prediction, [stub("predict_held_bytes")], "predict_held_bytes"),
     "06 choose_layout": (lab06.check_choose_layout, [stub("choose_layout")], "choose_layout"),
     "06 build_on_mesh": (lab06.check_build_on_mesh, [stub("build_on_mesh")], "build_on_mesh"),
     "07 wrapper": (lab07.check_wrapper, [shard_dense_stub()], None),  # its own words: "the wrapper"

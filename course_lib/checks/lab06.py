@@ -16,17 +16,26 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import exercise, fail, is_number, launch_quietly, one_line, passed, raise_if_unwritten
+from course_lib.checks import CheckFailed, exercise, fail, is_number, launch_quietly, one_line, passed, raise_if_unwritten
 
 _TIMEOUT_S = 60.0
-# The model the shard exercise hands to `shard`: 3 blocks, so "one group per block plus the root" is 4.
-SHARD_MODEL = {"vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 3, "max_seq_len": 16}
+# The model the shard exercise hands to `shard` (a TiedEncoderDecoder): 2 + 3 blocks, none in `.layers`.
+SHARD_MODEL = {"vocab_size": 64, "d_model": 32, "n_heads": 2, "n_encoder_layers": 2, "n_decoder_layers": 3,
+               "max_seq_len": 16}
 # The model whose bytes the prediction exercise measures: every first dimension divides by 4 ranks.
 BYTES_MODEL = {"vocab_size": 128, "d_model": 48, "n_heads": 4, "n_layers": 2, "max_seq_len": 32}
-_KEYS = ("params", "grads", "optimizer")
 
 
 # ------------------------------------------------------------------------------------------ shard
+
+
+def _seq2seq_batch() -> tuple[Any, Any]:
+    """Source and target of the shard exercise: the first and second halves of counting sequences."""
+    from course_lib.models import counting_tokens
+
+    length = SHARD_MODEL["max_seq_len"]
+    tokens = counting_tokens(4, 2 * length, SHARD_MODEL["vocab_size"])
+    return tokens[:, :length], tokens[:, length:]
 
 
 def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
@@ -35,10 +44,10 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
 
     from course_lib import trace
     from course_lib.fsdp import fsdp_groups, is_sharded
-    from course_lib.models import TinyTransformer, counting_tokens, next_token_loss
+    from course_lib.models import TiedEncoderDecoder, next_token_loss
 
     torch.manual_seed(0)
-    model = TinyTransformer(**SHARD_MODEL)
+    model = TiedEncoderDecoder(**SHARD_MODEL)
     try:
         returned = shard(model)
     except NotImplementedError:
@@ -52,17 +61,18 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
     report |= {
         "groups": fsdp_groups(model),
         "plain": [name for name, p in model.named_parameters() if not is_sharded(p)],
+        "tied": model.lm_head.weight is model.shared.weight,
     }
     states: dict[int, list[str]] = {}  # fully_shard([a, b]) makes a and b one group: one state for both
     for name in report["groups"]:
         states.setdefault(id(model.get_submodule(name)._get_fsdp_state()), []).append(name)
     report["shared"] = [names for names in states.values() if len(names) > 1]
-    tokens = counting_tokens(4, SHARD_MODEL["max_seq_len"], SHARD_MODEL["vocab_size"])
+    source, target = _seq2seq_batch()
     try:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with trace.collectives() as log:
             with log.phase("forward"):
-                loss = next_token_loss(model(tokens), tokens)
+                loss = next_token_loss(model(source, target), target)
             # a group that reshards after its forward holds DTensor shards again; one that keeps its full
             # parameters (reshard_after_forward=False) holds plain tensors until its backward
             report["kept after forward"] = [
@@ -76,20 +86,26 @@ def _inspect_sharding(shard: Callable[[Any], Any]) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001  (reported after the structural checks)
         report["train_error"] = one_line(error)
         return report
-    report["forward_all_gathers"] = sum(1 for r in log.records if r.phase == "forward" and r.op == "all_gather")
-    report["backward_all_gathers"] = sum(1 for r in log.records if r.phase == "backward" and r.op == "all_gather")
-    report["backward_reduce_scatters"] = sum(
-        1 for r in log.records if r.phase == "backward" and r.op == "reduce_scatter"
-    )
+    count = lambda phase, op: sum(1 for r in log.records if r.phase == phase and r.op == op)  # noqa: E731
+    report["forward_all_gathers"] = count("forward", "all_gather")
+    report["backward_all_gathers"] = count("backward", "all_gather")
+    report["backward_reduce_scatters"] = count("backward", "reduce_scatter")
     report["updated"] = all(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
+    report["tied after a step"] = model.lm_head.weight is model.shared.weight
     return report
+
+
+_TIED = ("shared", "lm_head")  # the two modules that hold the one tied matrix
+_TRY_IT = ("try it before the check: launch(lambda: shard(TiedEncoderDecoder(**lab06.SHARD_MODEL)), world_size=2) "
+           "shows the traceback")
 
 
 @exercise
 def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """Run `shard(model)` on 2 ranks with a 3-block TinyTransformer and check it is sharded FSDP2-style: one
-    group per block and the root, every block resharding after its forward (the last may keep its parameters
-    for the backward, as torchtitan does)."""
+    """Run `shard(model)` on 2 ranks with a ``TiedEncoderDecoder(**SHARD_MODEL)`` and check it is sharded
+    FSDP2-style: one group per block of ``encoder`` and ``decoder``, the tied ``shared`` / ``lm_head`` pair in
+    one group (its own, or the root's), the root, every block resharding after its forward (the last decoder
+    block may keep its parameters for the backward, as torchtitan does); then a training step, tie intact."""
     from course_lib.launcher.launch import LaunchError
 
     if launch is None:
@@ -101,67 +117,79 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
         if raised and all(f.exc_type == "NotImplementedError" for f in raised):
             fail("shard is not written yet", "replace `raise NotImplementedError()` with your code")
         first = error.failures[0].headline() if error.failures else error.summary
-        fail(
-            f"shard(model) failed on 2 ranks: {first}",
-            "run it yourself to read the traceback: "
-            "launch(lambda: shard(TinyTransformer(**lab06.SHARD_MODEL)), world_size=2)",
-        )
-    blocks = [f"layers.{i}" for i in range(SHARD_MODEL["n_layers"])]
+        fail(f"shard(model) failed on 2 ranks: {first}", _TRY_IT)
+    blocks = [f"encoder.{i}" for i in range(SHARD_MODEL["n_encoder_layers"])]
+    blocks += [f"decoder.{i}" for i in range(SHARD_MODEL["n_decoder_layers"])]
     groups, plain = report["groups"], report["plain"]
+    where = "the blocks are in model.encoder and model.decoder: print(model) to see them"
     if "shard_error" in report:
+        if "layers" in report["shard_error"]:
+            fail(f"shard(model) raised {report['shard_error']}: this model has no `layers`", where)
+        if "containers that do not implement forward" in report["shard_error"]:
+            fail(
+                "fully_shard refused a ModuleList: a list has no forward, so FSDP has no hook that gathers its "
+                "parameters before they are used",
+                "shard each block in the list: for block in model.encoder: fully_shard(block); the same for decoder",
+            )
         if "" in groups:
             fail(
                 f"shard(model) raised {report['shard_error']} after the root was sharded",
                 "call fully_shard bottom-up: each block first, the root last (the root's group takes every "
                 "parameter not yet in a group, so nothing is left for blocks sharded after it)",
             )
-        fail(
-            f"shard(model) raised {report['shard_error']}",
-            "run it yourself to read the traceback: "
-            "launch(lambda: shard(TinyTransformer(**lab06.SHARD_MODEL)), world_size=2)",
-        )
+        fail(f"shard(model) raised {report['shard_error']}", _TRY_IT)
     if not groups:
-        fail(
-            "no parameter is sharded: every rank still holds the whole model",
-            "call fully_shard (from torch.distributed.fsdp) on each block of model.layers, then on model",
-        )
+        fail("no parameter is sharded: every rank still holds the whole model",
+             f"call fully_shard (from torch.distributed.fsdp) on each block, then on model; {where}")
     missing = [b for b in blocks if b not in groups]
-    extra = [g for g in groups if g != "" and g not in blocks]
+    extra = [g for g in groups if g not in ("", *blocks, *_TIED)]
     if "" in groups and missing == blocks and not extra:
-        ran = report.get("forward_all_gathers")
         fail(
-            "only the root was sharded: it is one group, so "
-            + (f"one forward ran {ran} all-gather for the whole model and " if ran is not None else "")
-            + "every rank holds all the full parameters at once",
-            "call fully_shard on each block of model.layers first, then on the model: one group per block means "
-            "only one block's full parameters exist at a time",
+            "only the root was sharded: it is one group, so every rank holds all the full parameters at once",
+            f"call fully_shard on each block first, then on the model; {where}",
         )
     if extra:
         shown = ", ".join(repr(g) for g in extra[:4]) + (", ..." if len(extra) > 4 else "")
         fail(
-            f"{shown} {'is a group' if len(extra) == 1 else 'are groups'} of its own besides the blocks and the "
-            "root: every group is one more all-gather per forward and one more reduce-scatter per backward",
-            "one fully_shard per block of model.layers, then one on the model; the root's group takes the rest",
+            f"{shown} {'is a group' if len(extra) == 1 else 'are groups'} of its own besides the blocks, the tied "
+            "pair and the root: a group is one all-gather of all its parameters at once",
+            "one fully_shard per block (model.encoder[i], model.decoder[i], not the lists), then one on the model",
         )
     if missing:
         fail(
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a group of its own "
             f"(groups: {', '.join(repr(g) for g in groups)})",
-            "loop over model.layers and call fully_shard on each block",
+            f"call fully_shard on each block; {where}",
         )
-    if report.get("shared"):
-        names = report["shared"][0]
+    pair = [g for g in _TIED if g in groups]
+    if "shared with a parameter already managed by another FSDP group" in report.get("train_error", ""):
+        split = (f"{' and '.join(pair)} are two groups" if len(pair) == 2 else
+                 f"{pair[0]} is a group and {({*_TIED} - {pair[0]}).pop()} is left to the root" if pair else
+                 "they are in two groups")
         fail(
-            f"{', '.join(names)} are one FSDP group (fully_shard was given them together): one all-gather brings "
+            f"shared.weight and lm_head.weight are one matrix, and it is split: {split}. Each group would all-gather "
+            "and reduce-scatter the same matrix, so FSDP refused at the first forward",
+            "put both modules in one group, fully_shard([model.shared, model.lm_head]), or leave both to the root",
+        )
+    if not report["tied"] or not report.get("tied after a step", True):
+        fail(
+            "lm_head.weight is no longer shared.weight: the model now has two matrices where it had one, and "
+            "trains as a different model",
+            "keep the tie: do not give lm_head a weight of its own; shard the two modules in one group instead",
+        )
+    others = [names for names in report["shared"] if set(names) != set(_TIED)]
+    if others:
+        fail(
+            f"{', '.join(others[0])} are one FSDP group (fully_shard was given them together): one all-gather brings "
             "all their full parameters at once",
-            "call fully_shard on each block by itself: for block in model.layers: fully_shard(block)",
+            "call fully_shard on each block by itself; only modules that share a parameter belong together",
         )
     if "" not in groups:
         shown = ", ".join(plain[:3]) + (", ..." if len(plain) > 3 else "")
         fail(
             f"the root is not sharded: {shown} are still plain tensors, whole on every rank",
-            "after the blocks, call fully_shard(model): the root's group takes the parameters no block claimed "
-            "(embeddings, final norm, output head)",
+            "after the blocks, call fully_shard(model): the root's group takes the parameters no group claimed "
+            "(positions, the final norms, and the tied pair if it has no group of its own)",
         )
     if plain:
         fail(f"{', '.join(plain)} are not sharded", "every parameter should be a DTensor after fully_shard")
@@ -174,25 +202,16 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
     if "train_error" in report:
         fail(f"a training step on the sharded model failed: {report['train_error']}",
              "shard the model in place with fully_shard, then train it as usual")
-    expected = len(blocks) + 1
+    expected = len(blocks) + 1 + (1 if pair else 0)
     if report["forward_all_gathers"] != expected:
         fail(
             f"one forward ran {report['forward_all_gathers']} all-gathers, expected {expected} "
-            "(one per block, one for the root)",
+            f"(one per block, {'one for the tied pair, ' if pair else ''}one for the root)",
             "call fully_shard bottom-up: each block first, the root last",
         )
-    # The root may reshard too (explicit True): one more. The last block may keep its parameters, as torchtitan
-    # does (reshard_after_forward=False on it): backward starts with that block, so it would gather them at once.
-    if report["backward_all_gathers"] < len(blocks) - 1:
-        fail(
-            f"one backward ran {report['backward_all_gathers']} all-gathers, expected {len(blocks)} (each block's "
-            f"parameters gathered again; {len(blocks) - 1} if the last block keeps its own, as torchtitan does): "
-            "blocks kept their full parameters from forward to backward",
-            "leave reshard_after_forward at its default (True): that is what frees each block's full parameters "
-            "after its forward, the memory FSDP saves",
-        )
-    early = [name for name in report["kept after forward"] if name != blocks[-1]]
-    if early:
+    early = [name for name in report["kept after forward"] if name not in (blocks[-1], *_TIED)]
+    if early or report["backward_all_gathers"] < len(blocks) - 1:
+        early = early or blocks[:-1]
         fail(
             f"{', '.join(early)} kept {'its' if len(early) == 1 else 'their'} full parameters after "
             f"{'its' if len(early) == 1 else 'their'} forward (reshard_after_forward=False): they stay allocated "
@@ -207,96 +226,158 @@ def check_shard(shard: Callable[[Any], Any], launch: Callable[..., list[Any]] | 
             "shard must not copy or replace the model: shard it in place (fully_shard changes `model` itself)",
         )
     passed(
-        f"{len(blocks)} blocks and the root are FSDP groups: {expected} all-gathers per forward, "
-        f"{report['backward_reduce_scatters']} reduce-scatters per backward, every parameter a DTensor"
+        f"{len(blocks)} blocks, {'the tied pair and ' if pair else ''}the root are FSDP groups, the tie kept: "
+        f"{expected} all-gathers per forward (the shared matrix once, though two modules use it), "
+        f"{report['backward_reduce_scatters']} reduce-scatters per backward"
     )
 
 
 # ------------------------------------------------------------------------------------- bytes
 
+# The settings the prediction exercise measures: (reshard_after_forward, param_dtype), the same on every group.
+HELD_CASES = ((False, "bfloat16"), (True, "bfloat16"), (False, "float32"), (True, "float32"))
 
-def _measure_fsdp_adam() -> dict[str, int]:
-    """On each rank: the BYTES_MODEL sharded block by block, one Adam step, bytes held by this rank."""
+
+def _measure_held(cases: tuple[tuple[bool, str], ...]) -> list[dict[str, int]]:
+    """On each rank, for each case: the BYTES_MODEL sharded with that setting, one Adam step, zero_grad, the next
+    forward; the bytes this rank holds then, before that backward."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from course_lib import memory
-    from course_lib.fsdp import parallelize
+    from course_lib.fsdp import held_bytes, parallelize
     from course_lib.models import TinyTransformer, counting_tokens, next_token_loss
 
-    torch.manual_seed(0)
-    model = parallelize(TinyTransformer(**BYTES_MODEL))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    tokens = counting_tokens(dist.get_world_size(), 8, BYTES_MODEL["vocab_size"])[dist.get_rank()::dist.get_world_size()]
-    next_token_loss(model(tokens), tokens).backward()
-    optimizer.step()
-    return memory.measure(model, optimizer).as_dict()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    tokens = counting_tokens(2 * world_size, 8, BYTES_MODEL["vocab_size"])[rank::world_size]
+    held = []
+    for reshard_after_forward, dtype in cases:
+        torch.manual_seed(0)
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype))
+        model = parallelize(TinyTransformer(**BYTES_MODEL), reshard_after_forward=reshard_after_forward,
+                            mp_policy=policy)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        next_token_loss(model(tokens), tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = next_token_loss(model(tokens), tokens)
+        held.append(held_bytes(model, optimizer))
+        loss.backward()
+    return held
 
 
 @functools.lru_cache(maxsize=None)
-def measured_bytes(world_size: int) -> tuple[int, dict[str, int]]:
-    """(number of parameters, bytes held by rank 0) for BYTES_MODEL under FSDP2 + Adam on `world_size` ranks."""
+def measured_bytes(world_size: int) -> tuple[int, dict[tuple[bool, str], dict[str, int]]]:
+    """(number of parameters, {case: bytes held by rank 0 between forward and backward}) for BYTES_MODEL on
+    `world_size` ranks, for each of HELD_CASES."""
     from course_lib import launch, memory
     from course_lib.models import TinyTransformer
 
     num_params = memory.count_params(TinyTransformer(**BYTES_MODEL, device="meta"))
-    per_rank = launch_quietly(launch, _measure_fsdp_adam, world_size=world_size, timeout=_TIMEOUT_S)
-    return num_params, per_rank[0]
+    per_rank = launch_quietly(launch, _measure_held, HELD_CASES, world_size=world_size, timeout=_TIMEOUT_S)
+    return num_params, dict(zip(HELD_CASES, per_rank[0]))
 
 
-def _bytes_hint(key: str, got: float, num_params: int, world_size: int) -> str:
-    per_param = {"params": 4, "grads": 4, "optimizer": 8}[key]
-    if got == per_param * num_params and world_size > 1:
-        return (
-            "that is what every rank holds under DDP; with full sharding (ZeRO-3) each rank keeps only "
-            "1/world_size of it"
-        )
-    if key == "optimizer" and got * 2 == per_param * num_params / world_size:
-        return "Adam keeps two fp32 tensors per parameter (exp_avg and exp_avg_sq), not one"
-    if key == "optimizer" and got == 12 * num_params / world_size:
-        return "no fp32 master copy here: the parameters are fp32 already, so Adam adds just its two states"
-    if key == "optimizer" and got == 16 * num_params / world_size:
-        return "count the optimizer state alone: params and grads have their own entries"
-    if got * world_size * 4 == per_param * num_params:
-        return "that counts values, not bytes: fp32 is 4 bytes per value"
-    if key in ("params", "grads") and got * world_size * 2 == per_param * num_params:
-        return "the parameters and gradients here are fp32 (4 bytes a value), not bf16: no mixed precision was set"
-    return f"{key}: bytes per value × values per parameter × parameters ÷ ranks"
+def _want(num_params: int, world_size: int, reshard_after_forward: bool, dtype: str) -> dict[str, float]:
+    """What the check expects: the course's accounting of what a rank holds between forward and backward."""
+    import torch
+
+    return {"sharded params": 4 * num_params / world_size,
+            "full params": 0 if reshard_after_forward else getattr(torch, dtype).itemsize * num_params,
+            "grads": 0, "optimizer": 8 * num_params / world_size}
+
+
+def _bytes_hint(key: str, got: float, num_params: int, world_size: int, reshard_after_forward: bool,
+                dtype: str) -> str:
+    n, w = num_params, world_size
+    same = lambda a, b: abs(a - b) <= 0.001 * max(abs(b), 1)  # noqa: E731
+    size = 2 if dtype == "bfloat16" else 4
+    if key == "sharded params":
+        if same(got, 2 * n / w):
+            return "the shards stay fp32 under MixedPrecisionPolicy: only the all-gathered copies are in param_dtype"
+        if got == 0:
+            return ("FSDP keeps the shards while the full parameters exist: the optimizer steps the shards, and "
+                    "the full copies are freed after backward")
+        if same(got, 4 * n):
+            return "each rank keeps 1/world_size of every parameter: that is what sharding means"
+    if key == "full params":
+        if reshard_after_forward and got:
+            return ("reshard_after_forward=True on every group, the root too: each frees its full parameters "
+                    "right after its forward, so none are left before the backward")
+        if not reshard_after_forward and got == 0:
+            return "reshard_after_forward=False keeps each group's full parameters from its forward to its backward"
+        if not reshard_after_forward and same(got, size * n / w):
+            return "the full parameters are whole on every rank: every parameter, not 1/world_size of it"
+        if not reshard_after_forward and size == 2 and same(got, 4 * n):
+            return "param_dtype=torch.bfloat16: the all-gather casts each shard to bf16, 2 bytes a value"
+        if not reshard_after_forward and size == 4 and same(got, 2 * n):
+            return "param_dtype=torch.float32 here: no cast, the full parameters are fp32, 4 bytes a value"
+        if not reshard_after_forward and same(got, (size + 4) * n):
+            return "count the shards under \"sharded params\" only: FSDP keeps them beside the full parameters"
+    if key == "grads" and got:
+        return ("optimizer.zero_grad() sets every gradient to None (set_to_none=True), and this step's backward has "
+                "not run yet: no gradient exists")
+    if key == "optimizer":
+        if same(got, 4 * n / w):
+            return "Adam keeps two fp32 tensors per parameter (exp_avg and exp_avg_sq), not one"
+        if same(got, 8 * n):
+            return "Adam's state follows the shards: each rank keeps 1/world_size of it"
+    if same(got * 4, _want(n, w, reshard_after_forward, dtype)[key]) or same(got * size, _want(n, w, reshard_after_forward, dtype)[key]):
+        return "that counts values, not bytes: fp32 is 4 bytes a value, bf16 2"
+    return f"{key}: bytes per value × values held; sections 4 and 6 say what is kept and in which dtype"
+
+
+def _case(reshard_after_forward: bool, dtype: str) -> str:
+    return f"reshard_after_forward={reshard_after_forward}, param_dtype=torch.{dtype}"
+
+
+_KEYS = ("sharded params", "full params", "grads", "optimizer")
+
+
+def _ask(predict: Callable[..., Any], num_params: int, world_size: int, case: tuple[bool, str]) -> Mapping[str, float]:
+    import torch
+
+    reshard_after_forward, dtype = case
+    try:
+        got = predict(num_params, world_size, reshard_after_forward, getattr(torch, dtype))
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+        fail(f"predict_held_bytes({num_params:,}, {world_size}, {reshard_after_forward}, torch.{dtype}) raised "
+             f"{one_line(error)}", "param_dtype is a torch.dtype: torch.bfloat16.itemsize is 2")
+    if not isinstance(got, Mapping) or not set(_KEYS) <= set(got):
+        fail(f"predict_held_bytes returned {got!r}", f"return a dict with the keys {', '.join(map(repr, _KEYS))}")
+    for key in _KEYS:
+        if not is_number(got[key]):
+            fail(f"{key!r} is {got[key]!r}", "each entry is a number of bytes")
+    return got
 
 
 @exercise
-def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -> None:
-    """Compare `predict(num_params, world_size)` with bytes measured under FSDP2 + Adam on 2 and 4 ranks, then (no
-    launch) with full sharding's bytes for a model and a world size the check does not measure (``_FRESH_BYTES``)."""
+def check_bytes_prediction(predict: Callable[..., Mapping[str, float]]) -> None:
+    """Compare `predict(num_params, world_size, reshard_after_forward, param_dtype)` with the bytes rank 0 holds
+    between the forward and the backward of a second step, measured for each of HELD_CASES on 2 and 4 ranks; then
+    (no launch) with the accounting for a model and a world size the check does not measure (``_FRESH_BYTES``)."""
     from course_lib import memory
     from course_lib.models import TinyTransformer
 
     num_params = memory.count_params(TinyTransformer(**BYTES_MODEL, device="meta"))
-    predictions = {}
-    for world_size in (2, 4):  # the learner's answers first: a wrong shape fails before any launch
-        try:
-            got = predict(num_params, world_size)
-        except NotImplementedError:
-            fail("predict_fsdp_bytes is not written yet", "replace `raise NotImplementedError()` with your code")
-        if not isinstance(got, Mapping) or not set(_KEYS) <= set(got):
-            fail(f"predict returned {got!r}", f"return a dict with the keys {', '.join(map(repr, _KEYS))}")
+    predictions = {(w, case): _ask(predict, num_params, w, case) for w in (2, 4) for case in HELD_CASES}
+    for (world_size, case), got in predictions.items():  # the learner's answers first: a wrong shape fails early
+        measured = measured_bytes(world_size)[1][case]
         for key in _KEYS:
-            if not is_number(got[key]):
-                fail(f"{key!r} is {got[key]!r}", "each entry is a number of bytes")
-        predictions[world_size] = got
-    for world_size, got in predictions.items():
-        _, measured = measured_bytes(world_size)
-        for key in _KEYS:
-            if abs(got[key] - measured[key]) > 0.001 * measured[key]:
+            if abs(got[key] - measured[key]) > 0.001 * max(measured[key], 1):
                 fail(
-                    f"{num_params:,} parameters on {world_size} ranks: you predicted {key}={got[key]:,.0f} bytes per "
-                    f"rank, measured {measured[key]:,}",
-                    _bytes_hint(key, got[key], num_params, world_size),
+                    f"{num_params:,} parameters on {world_size} ranks, {_case(*case)}: you predicted "
+                    f"{key}={got[key]:,.0f} bytes per rank between forward and backward, measured {measured[key]:,}",
+                    _bytes_hint(key, got[key], num_params, world_size, *case),
                 )
     _check_fresh_bytes(predict)
+    peak = measured_bytes(4)[1][(False, "float32")]
     passed(
-        f"your formula matches the bytes measured on 2 and 4 ranks ({num_params:,} parameters, "
-        f"{measured['total']:,} bytes per rank on 4 ranks)"
+        f"your formula matches the bytes measured on 2 and 4 ranks in all {len(HELD_CASES)} settings "
+        f"({num_params:,} parameters: on 4 ranks in fp32, {sum(peak.values()):,} bytes a rank with "
+        f"reshard_after_forward=False, {sum(measured_bytes(4)[1][(True, 'float32')].values()):,} with True)"
     )
 
 
@@ -306,34 +387,33 @@ def check_bytes_prediction(predict: Callable[[int, int], Mapping[str, float]]) -
 _FRESH_BYTES = (1_000_000, 8)
 
 
-def _check_fresh_bytes(predict: Callable[[int, int], Mapping[str, float]]) -> None:
-    """Fail unless `predict` gives full sharding's bytes (4, 4 and 8 per parameter / world_size) on ``_FRESH_BYTES``."""
+def _check_fresh_bytes(predict: Callable[..., Mapping[str, float]]) -> None:
+    """Fail unless `predict` gives the accounting's bytes for each of HELD_CASES on ``_FRESH_BYTES``."""
     num_params, world_size = _FRESH_BYTES
-    call = f"predict_fsdp_bytes({num_params:,}, {world_size})"
-    want = {"params": 4 * num_params / world_size, "grads": 4 * num_params / world_size,
-            "optimizer": 8 * num_params / world_size}
-    try:
-        got = predict(num_params, world_size)
-    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
-        fail(f"{call} raised {one_line(error)}: the formula is right for the measured model only",
-             "compute from the arguments, num_params and world_size, for any model and any number of ranks")
-    for key in _KEYS:
-        value = got.get(key) if isinstance(got, Mapping) else None
-        if not is_number(value) or abs(value - want[key]) > 0.001 * want[key]:
-            shown = f"{value:,.0f}" if is_number(value) else repr(value)
-            hint = _bytes_hint(key, value, num_params, world_size) if is_number(value) else "each entry is a number of bytes"
-            if hint.startswith(f"{key}: "):  # no known mistake: the answer does not follow its arguments
-                hint = ("compute from the arguments, num_params and world_size: not from the model the check measured "
-                        "or the numbers it printed")
-            fail(f"{call} gives {key}={shown} bytes per rank; full sharding holds {want[key]:,.0f} there: the formula "
-                 "is right for the measured model only", hint)
+    for case in HELD_CASES:
+        call = f"predict_held_bytes({num_params:,}, {world_size}, {case[0]}, torch.{case[1]})"
+        want = _want(num_params, world_size, *case)
+        try:
+            got = _ask(predict, num_params, world_size, case)
+        except CheckFailed as failure:
+            fail(f"{failure.problem}: the formula is right for the measured model only",
+                 "compute from the arguments, for any model and any number of ranks")
+        for key in _KEYS:
+            value = got[key]
+            if abs(value - want[key]) > 0.001 * max(want[key], 1):
+                hint = _bytes_hint(key, value, num_params, world_size, *case)
+                if hint.startswith(f"{key}: "):  # no known mistake: the answer does not follow its arguments
+                    hint = ("compute from the arguments, num_params and world_size: not from the model the check "
+                            "measured or the numbers it printed")
+                fail(f"{call} gives {key}={value:,.0f} bytes per rank; the accounting gives {want[key]:,.0f} there: "
+                     "the formula is right for the measured model only", hint)
 
 
 # ------------------------------------------------------------------------------- the layout decision
 
 # The model every 4-rank case builds, and the model of the build exercise.
 HSDP_MODEL = {"vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2, "max_seq_len": 16}
-STATE_BYTES = 16  # per parameter, fp32 + Adam: weight 4, gradient 4, exp_avg and exp_avg_sq 8 (exercise 2)
+STATE_BYTES = 16  # per parameter, fp32 + Adam: weight 4, gradient 4, exp_avg and exp_avg_sq 8 (section 7)
 _KiB, _GiB = 2**10, 2**30
 _LAYOUT_NAMES = ("FSDP over all ranks", "HSDP (shard within a host, replicate across hosts)", "replication")
 
@@ -567,8 +647,8 @@ def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[...,
                 f"for {s.describe()}: your layout {_short(layout)} shards {mine['S']} way{'s' if mine['S'] > 1 else ''}"
                 f" and holds {format_bytes(mine['state'])} per rank ({how}), over the {format_bytes(s.memory_limit)} "
                 "limit",
-                "a rank holds 16 bytes per parameter / the size of its shard group (exercise 2 with world_size = the "
-                "shard group): check each layout against the limit before comparing times",
+                "a rank holds 16 bytes per parameter / the size of its shard group (memory.zero_bytes, stage 3, with "
+                "world_size = the shard group): check each layout against the limit before comparing times",
             )
         options = {name: _account(*_groups(other), s) for name, other in named_layouts(s.hosts, s.ranks_per_host).items()}
         fitting = {name: a for name, a in options.items() if a["state"] <= s.memory_limit}
