@@ -214,7 +214,16 @@ class LocalSlurm:
     def wait_idle(self, timeout: float = 60, nodes: Sequence[str] | None = None) -> None:
         """Wait until every node in `nodes` (all by default) is idle."""
         nodes = list(nodes or self.nodes)
-        self._wait_for(lambda: all(self.node_state(n) == "idle" for n in nodes), f"nodes {nodes} idle", timeout)
+        seen: dict[str, str] = {}
+
+        def idle() -> bool:
+            seen.update({n: self.node_state(n) for n in nodes})
+            return all(state == "idle" for state in seen.values())
+
+        try:
+            self._wait_for(idle, f"nodes {nodes} idle", timeout)
+        except ClusterError as error:  # say what sinfo's short state said last (idle*, mix, comp, down ...)
+            raise ClusterError(f"{error}\n--- last short states: {seen}") from None
 
     def node_state(self, node: str) -> str:
         out = self.command("sinfo", "-h", "-N", "-n", node, "-o", "%t", check=False).split()
