@@ -181,6 +181,38 @@ def install_plan(facts):
     return {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}
 
 
+@pytest.mark.parametrize("build", ["cu118", "cu999", "cu1260"])
+def test_install_plan_naming_a_build_that_does_not_exist_is_rejected(build):
+    # the simulation used to read any cuNNN tag as a CUDA build ("cu118": CUDA 11.8) and install it
+    def made_up_build(facts):
+        plan = install_plan(facts)
+        return {**plan, "torch": plan["torch"].replace("cu126", build)}
+
+    message = rejects(lab00.check_install_plan, made_up_build,
+                      match=f"installs torch 2.13.0+{build}, a build the course does not install")
+    assert "2.13.0+cu126 for a GPU node" in message
+
+
+def test_after_install_installs_no_build_it_does_not_know():
+    node = lab00.broken_machines()["E (GPU node, CPU fbgemm)"]
+    after = lab00.after_install(node, {"torch": "2.13.0+cu118", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"})
+    assert after.torch_version is None and after.torch_import_error and after.gpu_count == 0
+
+
+PLAN: dict = {}
+
+
+def one_plan_for_all(facts):  # the module-level plan, updated for each machine: every plan returned is the last one
+    PLAN.clear()
+    PLAN.update(install_plan(facts))
+    return PLAN
+
+
+def test_install_plan_that_keeps_one_plan_between_calls_is_rejected():
+    rejects(lab00.check_install_plan, one_plan_for_all,
+            match="calling install_plan again changed a dict that an earlier call of it had returned")
+
+
 def test_install_plan_check_accepts_the_solution(capsys):
     lab00.check_install_plan(install_plan)
     assert capsys.readouterr().out.startswith("✓")

@@ -473,6 +473,23 @@ def reset_every_module(model):
             module._reset_parameters()
 
 
+def reset_seeding_each_module(model):  # "the same seed on every rank", set before each module's reset
+    for module in model.modules():
+        torch.manual_seed(0)
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+        elif isinstance(module, torch.nn.MultiheadAttention):
+            module._reset_parameters()
+
+
+def test_build_check_rejects_layers_that_start_as_copies_of_each_other():
+    # every block's Linear and attention weights are the first block's: the replicas agree, every weight is
+    # initialized, and 3 steps match one process started from the same weights, so only the start shows it
+    with pytest.raises(CheckFailed, match="layers.0.* and layers.1.* start with the same weights") as failure:
+        lab06.check_build_on_mesh(lambda mesh: build_on_mesh(mesh, reset=reset_seeding_each_module))
+    assert "seed once, before the whole model is initialized" in str(failure.value)
+
+
 def shard_bottom_up(model, block_mesh, root_mesh):
     """fully_shard each block on `block_mesh` (None: the default mesh over every rank), then the root."""
     from torch.distributed.fsdp import fully_shard

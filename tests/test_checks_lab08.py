@@ -552,8 +552,8 @@ def _mixed_app(path, config, per_table, init=True):
     return model, optimizer
 
 
-def reload_mixed(path, config, per_table):  # the lab's solution: ask for what the checkpoint has
-    import torch.distributed.checkpoint as dcp
+def mixed_keeping_the_init_step(path, config, per_table):  # asks for what the checkpoint has; the moved tables keep
+    import torch.distributed.checkpoint as dcp                 # the step init_optimizer_state counted
 
     from course_lib import checkpoint
 
@@ -564,6 +564,28 @@ def reload_mixed(path, config, per_table):  # the lab's solution: ask for what t
                                     if all(f"app.optimizer.state.{param}.{name}" in saved for name in values)}}
     dcp.load({"app": state}, checkpoint_id=path)
     return checkpoint.AppState(model, optimizer, state["step"])
+
+
+def reload_mixed(path, config, per_table):  # the lab's solution: ask for what the checkpoint has, start the rest afresh
+    app = mixed_keeping_the_init_step(path, config, per_table)
+    saved = set(__import__("course_lib").checkpoint.contents(path).index)
+    for param, values in app.optimizer.state_dict()["state"].items():
+        if "step" in values and f"app.optimizer.state.{param}.step" not in saved:
+            values["step"].zero_()  # zero moments and no step counted: a new Adam
+    return app
+
+
+def mixed_dropping_the_moved_state(path, config, per_table):  # no state at all: Adam makes it at the first step
+    from course_lib import checkpoint
+
+    app = mixed_keeping_the_init_step(path, config, per_table)
+    saved = set(checkpoint.contents(path).index)
+    names = {id(p): name for name, p in app.model.named_parameters()}
+    for inner in checkpoint._torch_optimizers(app.optimizer):
+        for param in [p for p in inner.state if f"app.optimizer.state.model.{names.get(id(p))}.step" not in saved
+                      and f"app.optimizer.state.{names.get(id(p))}.step" not in saved]:
+            del inner.state[param]
+    return app
 
 
 def mixed_load_everything(path, config, per_table):  # the whole new app state: Adam keys the checkpoint lacks
@@ -643,6 +665,9 @@ def mixed_names_the_tables(path, config, per_table):  # skips the tables that mo
     state["optimizer"] = {"state": {p: v for p, v in state["optimizer"]["state"].items()
                                     if "t_category" not in p and "t_terms" not in p}}
     dcp.load({"app": state}, checkpoint_id=path)
+    for p, values in optimizer.state_dict()["state"].items():  # and starts those two afresh, by name too
+        if ("t_category" in p or "t_terms" in p) and "step" in values:
+            values["step"].zero_()
     return checkpoint.AppState(model, optimizer, state["step"])
 
 
@@ -677,6 +702,33 @@ def mixed_with_a_float_step(path, config, per_table):  # everything restored, th
 def test_mixed_reload_check_accepts_the_solution(capsys):
     lab08.check_mixed_reload(reload_mixed)
     assert capsys.readouterr().out.startswith("✓")
+
+
+def test_mixed_reload_check_accepts_moved_tables_with_no_state(capsys):
+    lab08.check_mixed_reload(mixed_dropping_the_moved_state)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_mixed_reload_check_rejects_an_adam_state_that_counted_a_step():
+    # init_optimizer_state's step 1: the moved tables' first update is 0.744 of a new Adam's (bias correction at step 2)
+    with pytest.raises(CheckFailed, match="has zero moments but has counted 1 step already: their first update will "
+                                          "be 26% smaller than a new Adam's") as failure:
+        lab08.check_mixed_reload(mixed_keeping_the_init_step)
+    assert "set that step back to 0 after the load" in str(failure.value)
+
+
+def test_first_update_ratio_is_adams():
+    param = torch.nn.Parameter(torch.zeros(3))
+    adam = torch.optim.Adam([param], lr=0.1)
+    param.grad = torch.tensor([1.0, -2.0, 0.5])
+    adam.step()  # a new Adam: the first update is lr * sign(grad)
+    fresh = param.detach().abs().clone()
+    counted = torch.nn.Parameter(torch.zeros(3))
+    late = torch.optim.Adam([counted], lr=0.1)
+    late.state[counted] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(3), "exp_avg_sq": torch.zeros(3)}
+    counted.grad = param.grad.clone()
+    late.step()
+    assert torch.allclose(counted.detach().abs() / fresh, torch.full((3,), lab08._first_update_ratio(1)), rtol=1e-4)
 
 
 @pytest.mark.parametrize(

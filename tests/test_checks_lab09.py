@@ -6,11 +6,6 @@ import pytest
 from course_lib.checks import CheckFailed, lab09
 
 
-def test_load_factor_check_accepts_the_largest_that_fits(capsys):
-    lab09.check_load_factor(0.75)
-    assert capsys.readouterr().out.startswith("✓")
-
-
 def search_solution(hbm_gib=16):  # the solution's search, with the HBM per GPU as its argument
     for factor in sorted(lab09.LOAD_FACTORS, reverse=True):
         if lab09.plan_fits(factor, hbm_gib):
@@ -18,9 +13,20 @@ def search_solution(hbm_gib=16):  # the solution's search, with the HBM per GPU 
 
 
 def test_load_factor_check_accepts_the_search_that_found_it(capsys):
-    lab09.check_load_factor(0.75, search_solution)
+    lab09.check_load_factor(search_solution)
     assert capsys.readouterr().out.startswith("✓ load factor 0.75: the largest cache that fits 64 GPUs of 16 GiB "
                                               "(and your search finds 0.9 for 20 GiB)")
+
+
+def test_the_menu_holds_only_load_factors_torchrec_takes():
+    # validate_compute_kernels refuses a caching kernel at 1.0 whatever the memory: on the menu, 1.0 would be a
+    # factor that "does not fit" though its plan fits 20 GiB
+    assert all(0 < factor < 1 for factor in lab09.LOAD_FACTORS)
+
+
+def test_load_factor_check_wants_the_function():
+    with pytest.raises(CheckFailed, match="expected the function that searches the menu, got 0.75"):
+        lab09.check_load_factor(0.75)
 
 
 @pytest.mark.parametrize("search, words", [
@@ -30,13 +36,12 @@ def test_load_factor_check_accepts_the_search_that_found_it(capsys):
 ])
 def test_load_factor_check_rejects_a_typed_in_answer(search, words):  # the value read off the prose, not searched
     with pytest.raises(CheckFailed, match=words):
-        lab09.check_load_factor(0.75, search)
+        lab09.check_load_factor(search)
 
 
 @pytest.mark.parametrize(
     "answer, words",
     [
-        (1.0, "finds no plan"),  # cache everything: the whole table in HBM again
         (0.9, "finds no plan"),
         (0.25, "so does 0.5"),  # fits, but wastes HBM
         (0.3, "not one of the load factors"),
@@ -47,7 +52,7 @@ def test_load_factor_check_rejects_a_typed_in_answer(search, words):  # the valu
 )
 def test_load_factor_check_rejects_wrong_answers(answer, words):
     with pytest.raises(CheckFailed, match=words):
-        lab09.check_load_factor(answer)
+        lab09.check_load_factor(lambda hbm_gib=16: answer if hbm_gib == lab09.HBM_GIB else search_solution(hbm_gib))
 
 
 def lookup_solution(num_ids, embedding_dim, seconds, bytes_per_element=4):
@@ -129,6 +134,21 @@ def static_with_is_host_false(nnodes, nproc, node_rank, head, port):  # the stat
 def test_torchrun_check_accepts_every_spelling_of_a_working_command(right, capsys):
     lab09.check_torchrun_command(right)
     assert capsys.readouterr().out.startswith("✓")
+
+
+COMMAND: list = []
+
+
+def one_command_list(nnodes, nproc, node_rank, head, port):  # every node's command is the last node's
+    COMMAND[:] = torchrun_solution(nnodes, nproc, node_rank, head, port)
+    return COMMAND
+
+
+def test_torchrun_check_rejects_commands_that_share_one_list():
+    # node 0's command becomes node 1's when node 1's is made: both nodes start as node 1, and the job never meets
+    with pytest.raises(CheckFailed, match="calling torchrun_command again changed a list that an earlier call of it "
+                                          "had returned"):
+        lab09.check_torchrun_command(one_command_list)
 
 
 def world_size_per_node(nnodes, nproc, node_rank, head, port):
@@ -286,7 +306,7 @@ BIG = [f"t{i:02d}" for i in range(10)]
     lambda: _every_table("grid_shard", pooling_factors=[1.0], is_weighted=False),  # the workload's defaults, spelled out
 ])
 def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
-    lab09.check_budget_plan(right())
+    lab09.check_budget_plan(right)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -334,11 +354,14 @@ def test_budget_check_accepts_plans_within_both_budgets(right, capsys):
         (lambda: _every_table("table_row_wise", key_value_params=_kv()), "sets key_value_params="),
         # the enum, not its value: the planner matches kernel names, so no kernel of the sharder matches
         (lambda: _every_table("grid_shard", _fused_enum()), "is not a kernel's name.*FUSED.value"),
+        # a cache of every row: torchrec refuses it after planning, whatever the memory (it was "no plan" before)
+        (lambda: _cached(1.0, "table_row_wise"), "asks for a cache load factor of 1.0: torchrec refuses a caching kernel"),
+        (lambda: _cached(0.0, "grid_shard"), "asks for a cache load factor of 0.0"),
     ],
 )
 def test_budget_check_rejects_wrong_answers(wrong, words):
     with pytest.raises(CheckFailed, match=words):
-        lab09.check_budget_plan(wrong())
+        lab09.check_budget_plan(wrong)
 
 
 def _kv():
@@ -383,14 +406,15 @@ def test_budget_check_refuses_a_kernel_the_planner_chose(monkeypatch):
 
     monkeypatch.setattr(lab09, "plan_estimates", virtual_t03)
     with pytest.raises(CheckFailed, match="the planner's plan puts t03 on the dram_virtual_table kernel"):
-        lab09.check_budget_plan(_every_table("grid_shard"))
+        lab09.check_budget_plan(lambda: _every_table("grid_shard"))
 
 
 def test_budget_check_accepts_prefetch_pipeline_false(capsys):  # False is the estimators' default: no claim made
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
-    lab09.check_budget_plan({t.name: ParameterConstraints(sharding_types=["table_row_wise"], compute_kernels=["fused_uvm_caching"],
-                                                          cache_params=CacheParams(load_factor=0.75, prefetch_pipeline=False))
-                             for t in lab09.production_tables()})
+    lab09.check_budget_plan(lambda: {
+        t.name: ParameterConstraints(sharding_types=["table_row_wise"], compute_kernels=["fused_uvm_caching"],
+                                     cache_params=CacheParams(load_factor=0.75, prefetch_pipeline=False))
+        for t in lab09.production_tables()})
     assert capsys.readouterr().out.startswith("✓")

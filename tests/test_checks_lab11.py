@@ -170,6 +170,24 @@ def test_qcomm_sharder_rejects_a_cached_sharder():
     rejects(lab11.check_qcomm_sharder, wrong, match="learning rate")
 
 
+SHARED_REGISTRY: dict = {}
+
+
+def one_registry_for_all(f, b, lr, d):  # every sharder holds the module-level registry, updated by the last call
+    SHARED_REGISTRY.clear()
+    SHARED_REGISTRY.update(sharder_from(f, b, lr, d).qcomm_codecs_registry)
+    return type(sharder_from(f, b, lr, d))(fused_params=sharder_from(f, b, lr, d).fused_params,
+                                           qcomm_codecs_registry=SHARED_REGISTRY)
+
+
+def test_qcomm_sharder_rejects_sharders_that_share_one_registry():
+    # each sharder is right when it is made, and becomes the last one's when the next is made
+    message = rejects(lab11.check_qcomm_sharder, one_registry_for_all,
+                      match="calling qcomm_sharder again changed an EmbeddingBagCollectionSharder that an earlier "
+                            "call of it had returned (call 1): it keeps state between calls")
+    assert "build what you return afresh in each call" in message
+
+
 # ------------------------------------------------------------------------------------------ exercise 2: dedup
 
 

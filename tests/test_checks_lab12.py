@@ -183,6 +183,41 @@ def test_bytes_per_rank_rejects(answer, reason):
     rejects(lab12.check_bytes_per_rank, answer, match=reason)
 
 
+def slices_the_callers_linears(model, dp, tp):
+    """Counts a rank's share by cutting the caller's Linear weights tp ways in place: the right number, and the
+    caller's model is left a tp-th of itself (the guard compares modules' parameters, not only tensors and lists)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.weight = nn.Parameter(module.weight.detach()[: module.weight.shape[0] // tp].clone())
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total // dp
+
+
+def casts_the_caller_to_fp32_after_counting(model, dp, tp):
+    got = good_bytes(model, dp, tp)
+    model.float()
+    return got
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (slices_the_callers_linears, "bytes_per_rank changed its argument 1 (a Tower) in place: its parameter "
+                                 "layers.0.attention.wq.weight changed shape"),
+    (casts_the_caller_to_fp32_after_counting, "was cast from torch.bfloat16 to torch.float32"),
+])
+def test_bytes_per_rank_that_changes_the_callers_model_is_rejected(answer, reason):
+    message = rejects(lab12.check_bytes_per_rank, answer, match=reason)
+    assert "do not cast, move or change them" in message
+
+
+def test_choose_mesh_that_moves_the_callers_model_is_rejected():
+    def moves_to_meta(world_size, ranks_per_host, model, budget_bytes):
+        answer = good_mesh(world_size, ranks_per_host, model, budget_bytes)
+        model.to("meta")  # "to free the memory": the caller's model loses its weights
+        return answer
+
+    rejects(lab12.check_choose_mesh, moves_to_meta, match="moved from cpu to meta")
+
+
 @pytest.mark.filterwarnings("ignore:launch. 4 ranks on")
 def test_the_bytes_formula_is_what_the_ranks_hold():
     from course_lib import launch

@@ -95,6 +95,8 @@ CASES = {
     "08 save": (lab08.check_save, [stub("save")], "save"),
     "08 reload": (lab08.check_reload, [stub("reload")], "reload"),
     "08 mixed_reload": (lab08.check_mixed_reload, [stub("reload_mixed")], "reload_mixed"),
+    "09 load_factor": (lab09.check_load_factor, [stub("largest_fitting_load_factor")], "largest_fitting_load_factor"),
+    "09 budget_plan": (lab09.check_budget_plan, [stub("choose_constraints")], "choose_constraints"),
     "09 lookup_bandwidth": (lab09.check_lookup_bandwidth, [stub("lookup_gb_per_s")], "lookup_gb_per_s"),
     "09 torchrun_command": (lab09.check_torchrun_command, [stub("torchrun_command")], "torchrun_command"),
     "10 shared_row_fraction": (lab10.check_shared_row_fraction, [stub("shared_row_fraction")], "shared_row_fraction"),

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import sys
 import warnings
-from typing import Any, Callable, NoReturn, TypeVar
+from typing import Any, Callable, Mapping, NoReturn, TypeVar
 
 Check = TypeVar("Check", bound=Callable[..., None])
 
@@ -85,30 +85,77 @@ def same_gradients(name: str, loss: Any, inputs: dict[str, Any], reference: Call
                  f"difference {float((given.grad - want.grad).abs().max()):.2e}): part of it was detached", why)
 
 
+def same_start(tensors: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Two of `tensors` (name -> a model's initial parameter) that hold the same values though they are different
+    parameters of the same shape, or None. Random initialization gives every layer its own draw; seeding before
+    each module's ``reset_parameters()`` gives every layer of a shape the same weights, which trains like fewer
+    layers and which a loss compared with a copy started from the same weights does not show. Constant tensors
+    (a LayerNorm's ones and zeros) are left out: they are meant to be equal."""
+    import torch
+
+    seen: dict[tuple[Any, ...], list[tuple[str, Any]]] = {}
+    for name, tensor in tensors.items():
+        if tensor.numel() < 2 or bool((tensor == tensor.flatten()[0]).all()):
+            continue
+        for other, earlier in seen.setdefault((tuple(tensor.shape), tensor.dtype), []):
+            if torch.equal(earlier, tensor):
+                return other, name
+        seen[(tuple(tensor.shape), tensor.dtype)].append((name, tensor))
+    return None
+
+
 class InputChanged(Exception):
     """Raised (on a rank, or here) when a learner's function changed an argument it was handed."""
 
 
-def _snapshot(value: Any) -> Any:
+class ModuleChanged(InputChanged):
+    """Raised when a learner's function changed a module it was handed: its parameters or buffers changed, were cast
+    or moved."""
+
+
+class KeptState(InputChanged):
+    """Raised when a call to a learner's function changed what an earlier call of it had returned: the answer keeps
+    state between calls (a module-level dict that each call updates and every result shares)."""
+
+
+def _snapshot(value: Any, results: bool = False, depth: int = 0) -> Any:
     """A copy of what a function may not change in `value`: tensors (values, dtype, device), KJTs, lists,
-    tuples, dicts and dataclasses of them. Modules, optimizers and other objects are left out (an exercise may
-    have to change those: wrap a model, step an optimizer)."""
+    tuples, dicts and dataclasses of them, and modules (each parameter's and buffer's values, dtype and device).
+    Optimizers and other objects are left out (an exercise may have to step an optimizer; a module it must
+    change, by training or wrapping it, is named in ``may_change``).
+
+    With `results`, for what a function returned: modules and optimizers are left out (the check trains and
+    reads them), and other objects are copied attribute by attribute (a sharder's ``fused_params``, its codecs),
+    a few levels deep."""
     import dataclasses
+    import enum
 
     import torch
 
+    if depth > 6:
+        return ("unchecked",)
     if isinstance(value, torch.Tensor):
         return ("tensor", value.detach().clone(), value.dtype, value.device, tuple(value.shape))
     if type(value).__name__ == "KeyedJaggedTensor":
         return ("kjt", list(value.keys()), _snapshot(value.values()), _snapshot(value.lengths()), _snapshot(value.weights_or_none()))
+    if isinstance(value, torch.nn.Module):
+        if results:
+            return ("unchecked",)
+        tensors = {f"parameter {name}": _snapshot(t) for name, t in value.named_parameters()}
+        tensors.update({f"buffer {name}": _snapshot(t) for name, t in value.named_buffers()})
+        return ("module", type(value), tensors)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [_snapshot(item) for item in value])
+        return (type(value).__name__, [_snapshot(item, results, depth + 1) for item in value])
     if isinstance(value, dict):
-        return ("dict", {key: _snapshot(item) for key, item in value.items()})
+        return ("dict", {key: _snapshot(item, results, depth + 1) for key, item in value.items()})
     if dataclasses.is_dataclass(value) and not isinstance(value, type):  # field by field (a config's init_fn
-        return ("dataclass", {f.name: _snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)})  # is left out)
-    if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
+        return ("dataclass", {f.name: _snapshot(getattr(value, f.name), results, depth + 1)  # is left out)
+                              for f in dataclasses.fields(value)})
+    if value is None or isinstance(value, (str, bytes, int, float, complex, bool, enum.Enum, torch.device, torch.dtype)):
         return ("value", value)
+    if (results and not isinstance(value, (type, torch.optim.Optimizer)) and not callable(value)
+            and isinstance(getattr(value, "__dict__", None), dict)):
+        return ("object", {key: _snapshot(item, results, depth + 1) for key, item in vars(value).items()})
     return ("unchecked",)
 
 
@@ -126,6 +173,8 @@ def _same(before: Any, value: Any) -> bool:
         _, keys, values, lengths, weights = before
         return (list(value.keys()) == keys and _same(values, value.values()) and _same(lengths, value.lengths())
                 and _same(weights, value.weights_or_none()))
+    if kind == "module":
+        return _module_change(before, value) is None
     if kind in ("list", "tuple"):
         return (isinstance(value, (list, tuple)) and len(value) == len(before[1])
                 and all(_same(b, v) for b, v in zip(before[1], value)))
@@ -134,24 +183,91 @@ def _same(before: Any, value: Any) -> bool:
                 and all(_same(before[1][key], value[key]) for key in value))
     if kind == "dataclass":
         return all(_same(field, getattr(value, name, None)) for name, field in before[1].items())
-    return value == before[1]
+    if kind == "object":
+        now = getattr(value, "__dict__", None)
+        return (isinstance(now, dict) and now.keys() == before[1].keys()
+                and all(_same(before[1][key], now[key]) for key in now))
+    return type(value) is type(before[1]) and value == before[1]
 
 
-def call_unchanged(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _module_change(before: Any, module: Any) -> str | None:
+    """What changed in a module since its snapshot, in words (None: nothing)."""
+    import torch
+
+    _, kind, tensors = before
+    if not isinstance(module, torch.nn.Module) or type(module) is not kind:
+        return f"it is now a {type(module).__name__}"
+    now = {f"parameter {name}": t for name, t in module.named_parameters()}
+    now.update({f"buffer {name}": t for name, t in module.named_buffers()})
+    for name, snapshot in tensors.items():
+        if name not in now:
+            return f"its {name} is gone"
+        _, data, dtype, device, shape = snapshot
+        tensor = now[name]
+        if tensor.device != device:
+            return f"its {name} moved from {device} to {tensor.device}"
+        if tensor.dtype != dtype:
+            return f"its {name} was cast from {dtype} to {tensor.dtype}"
+        if tuple(tensor.shape) != shape:
+            return f"its {name} changed shape from {shape} to {tuple(tensor.shape)}"
+        if not torch.equal(tensor.detach(), data):
+            return f"the values of its {name} changed"
+    added = sorted(set(now) - set(tensors))
+    return f"it gained {added[0]}" if added else None
+
+
+# What each of the last learners' functions returned, and a snapshot of it taken then (see call_unchanged)
+_RESULTS: dict[int, tuple[Callable[..., Any], list[tuple[int, Any, Any]]]] = {}
+_RESULTS_KEPT = 32  # results per function, and functions
+
+
+def call_unchanged(name: str, fn: Callable[..., Any], *args: Any, may_change: tuple[int | str, ...] = (),
+                   **kwargs: Any) -> Any:
     """Call a learner's ``fn(*args, **kwargs)`` and return its result, raising :class:`InputChanged` when the
     call changed an argument it was handed: a tensor changed in place (``ids //= block``, ``dist.all_reduce(x)``
     on the caller's ``x``, ``.sigmoid_()``), moved or cast (``.data = ...``), a list sorted or emptied, a dict
-    popped. The rule of every check: an answer works on copies of what it is given."""
-    before = [_snapshot(arg) for arg in args]
-    before_kwargs = {key: _snapshot(value) for key, value in kwargs.items()}
+    popped, a module's parameters changed, cast or moved (``model.half()``, ``model.to("meta")``). The rule of
+    every check: an answer works on copies of what it is given. `may_change` names the arguments (0-based
+    positions, or keywords) the exercise asks the function to change, such as a model it must train.
+
+    It also raises :class:`KeptState` when the call changed what an earlier call of the same `fn` returned: an
+    answer that keeps state between calls (a module-level dict it updates, and returns or builds into each
+    result) is right for each call alone, and every object it built before changes with the last call."""
+    before = [None if position in may_change else _snapshot(arg) for position, arg in enumerate(args)]
+    before_kwargs = {key: _snapshot(value) for key, value in kwargs.items() if key not in may_change}
     result = fn(*args, **kwargs)
-    for position, (snapshot, arg) in enumerate(zip(before, args)):
-        if not _same(snapshot, arg):
-            raise InputChanged(f"{name} changed its argument {position + 1} ({_described(arg)}) in place")
-    for key, snapshot in before_kwargs.items():
-        if not _same(snapshot, kwargs[key]):
-            raise InputChanged(f"{name} changed its argument {key!r} ({_described(kwargs[key])}) in place")
+    changed = [(f"{position + 1}", snapshot, arg) for position, (snapshot, arg) in enumerate(zip(before, args))
+               if snapshot is not None]
+    changed += [(repr(key), snapshot, kwargs[key]) for key, snapshot in before_kwargs.items()]
+    for which, snapshot, arg in changed:
+        if _same(snapshot, arg):
+            continue
+        said = f"{name} changed its argument {which} ({_described(arg)}) in place"
+        if snapshot[0] == "module":
+            raise ModuleChanged(f"{said}: {_module_change(snapshot, arg)}")
+        raise InputChanged(said)
+    _check_earlier_results(name, fn, result)
     return result
+
+
+def _check_earlier_results(name: str, fn: Callable[..., Any], result: Any) -> None:
+    """Raise :class:`KeptState` if what an earlier call of `fn` returned has changed since; then remember `result`."""
+    key = id(fn)
+    if key not in _RESULTS or _RESULTS[key][0] is not fn:
+        _RESULTS.pop(key, None)
+        while len(_RESULTS) >= _RESULTS_KEPT:
+            _RESULTS.pop(next(iter(_RESULTS)))
+        _RESULTS[key] = (fn, [])
+    earlier = _RESULTS[key][1]
+    for number, returned, snapshot in earlier:
+        if not _same(snapshot, returned):
+            raise KeptState(
+                f"calling {name} again changed {_described(returned)} that an earlier call of it had returned (call "
+                f"{number}): it keeps state between calls (a module-level dict or list that each call updates and "
+                "puts into what it returns), so everything it built before changes with the last call")
+    number = (earlier[-1][0] + 1) if earlier else 1
+    earlier.append((number, result, _snapshot(result, results=True)))
+    del earlier[:-_RESULTS_KEPT]
 
 
 def _described(value: Any) -> str:
@@ -170,10 +286,26 @@ INPUT_CHANGED_HINT = (
 )
 
 
+MODULE_CHANGED_HINT = (
+    "the caller still needs the model it handed over, as it was: read its parameters (p.numel(), p.element_size(), "
+    "p.dtype), do not cast, move or change them (model.half(), model.to(...), p.data = ...); work on a "
+    "copy.deepcopy(model) if you must"
+)
+
+KEPT_STATE_HINT = (
+    "build what you return afresh in each call, from the arguments of that call: a new dict, list or object each "
+    "time, not a module-level one that every call updates"
+)
+
+
 def checked_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """:func:`call_unchanged` for a check running in this process: an answer that changed its inputs fails."""
     try:
         return call_unchanged(name, fn, *args, **kwargs)
+    except KeptState as kept:
+        fail(str(kept), KEPT_STATE_HINT)
+    except ModuleChanged as changed:
+        fail(str(changed), MODULE_CHANGED_HINT)
     except InputChanged as changed:
         fail(str(changed), INPUT_CHANGED_HINT)
 

@@ -177,6 +177,11 @@ GPU_NODE = _machine(
     cpu_count=96,
 )
 PACKAGES = ("torch", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec")
+# The torch builds the simulation installs, by their local tag: the CPU build (PyPI's CPU index) and the CUDA 12.6
+# build the course's GPU nodes get (make lab CUDA=cu126, requirements/torch-cuda.txt). A tag outside these is no
+# build the course installs or has tested, and the simulation does not make one up from its name (cu118 is not
+# "CUDA 11.8, so it works": pip finds no such build of the pinned torch).
+TORCH_BUILDS = ("cpu", "cu126")
 
 
 def broken_machines() -> dict[str, EnvFacts]:
@@ -229,7 +234,9 @@ def after_install(facts: EnvFacts, installed: Mapping[str, str]) -> EnvFacts:
     where the machine has GPUs (a CPU torch sees none): true of every machine in this lab."""
     torch_version = installed.get("torch")
     tag = torch_version.partition("+")[2] if torch_version else ""
-    cuda_build = re.fullmatch(r"cu\d\d\d+", tag) is not None
+    if torch_version and tag not in TORCH_BUILDS:  # pip finds no such build: torch is not installed
+        torch_version = None
+    cuda_build = tag in TORCH_BUILDS and tag != "cpu"
     torch_cuda = f"{tag[2:-1]}.{tag[-1]}" if cuda_build else None
     torch_error = None if torch_version else _missing("torch")
     gpus = facts.gpu_count if cuda_build else 0
@@ -316,6 +323,15 @@ def check_install_plan(install_plan: Callable[[EnvFacts], Any]) -> None:
                 f"for machine {label}, torch {torch_version!r} does not say which build",
                 f"write the build: {PINNED_TORCH}+cpu, or {PINNED_TORCH}+cu126 from the PyTorch index for CUDA 12.6 "
                 "(plain `pip install torch` on Linux gets a CUDA build)",
+            )
+        build = str(torch_version).partition("+")[2]
+        if torch_version is not None and build not in TORCH_BUILDS:
+            fail(
+                f"for machine {label}, install_plan installs torch {torch_version}, a build the course does not install: "
+                f"the builds are {', '.join('+' + b for b in TORCH_BUILDS)}, and the simulation, like pip, installs no "
+                "build it does not know (a tag is not a promise that the build exists)",
+                f"write {PINNED_TORCH}+cpu for a machine without a GPU, {PINNED_TORCH}+cu126 for a GPU node (the "
+                "PyTorch index for CUDA 12.6, as make lab CUDA=cu126 installs it)",
             )
         if facts.gpu_count == 0 and ("+cu" in str(torch_version) or ("fbgemm-gpu" in plan and "fbgemm-gpu-cpu" not in plan)):
             fail(

@@ -39,7 +39,7 @@ def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]
         want = {key: [list(sample.get(key, [])) for sample in samples] for key in keys}
         given = copy.deepcopy(samples)
         keys, passed_keys = list(keys), list(keys)  # the check keeps its own copy: an answer may change the one it gets
-        try:
+        try:  # its own guard below: it says what changed in the samples and the keys
             kjt = kjt_from_samples(samples, passed_keys)
         except Exception as error:  # a learner's bug: report it as a check failure, not a traceback
             fail(f"kjt_from_samples(samples, keys={keys}) raised {type(error).__name__}: {error}")
@@ -325,7 +325,9 @@ def check_word_tables(word_tables: Callable[..., Any]) -> None:
     for vocab_size, dim, budget in WORD_CASES:
         case = f"word_tables({vocab_size:_}, {dim}, {_mib(budget)})"
         try:
-            tables = word_tables(vocab_size, dim, budget)
+            tables = checked_call("word_tables", word_tables, vocab_size, dim, budget)
+        except CheckFailed:
+            raise
         except Exception as error:  # noqa: BLE001  (the learner's code: report it)
             fail(f"{case} raised {one_line(error)}")
         if isinstance(tables, EmbeddingBagConfig):

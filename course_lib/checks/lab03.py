@@ -9,7 +9,7 @@ from torchrec import EmbeddingBagConfig
 from torchrec.distributed.types import ShardingPlan
 
 from course_lib import planning
-from course_lib.checks import exercise, fail, passed
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, passed
 
 
 def _tables(spec: Sequence[tuple[str, int]], dim: int = 16) -> list[EmbeddingBagConfig]:
@@ -211,7 +211,9 @@ def check_row_wise(
     found, planned = [], []
     for what, topology in topologies:
         try:
-            plan = row_wise_item_plan(topology)
+            plan = checked_call("row_wise_item_plan", row_wise_item_plan, topology)
+        except CheckFailed:
+            raise
         except Exception as error:  # noqa: BLE001  (the learner's code: report it)
             raise_if_unwritten(error)
             fail(f"row_wise_item_plan raised {one_line(error)} for {what}", "plan with EmbeddingShardingPlanner(topology=topology, constraints=...)")

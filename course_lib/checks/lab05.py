@@ -8,7 +8,16 @@ from typing import Any, Callable, Mapping
 import torch
 
 from course_lib import data
-from course_lib.checks import exercise, fail, one_line, passed, raise_if_unwritten
+from course_lib.checks import (
+    CheckFailed,
+    call_unchanged,
+    checked_call,
+    exercise,
+    fail,
+    one_line,
+    passed,
+    raise_if_unwritten,
+)
 
 # A small world for the checks: the lab's tables, few rows (fast to make and to train on).
 _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=200, seed=3)
@@ -29,14 +38,19 @@ def _sharder_on_rank(make_sharder: Callable[[float], Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     tables = [EmbeddingBagConfig(name="t_check", embedding_dim=16, num_embeddings=1_000, feature_names=["f"])]
     try:
-        sharder = make_sharder(_LEARNING_RATE)
+        sharder = call_unchanged("rowwise_adagrad_sharder", make_sharder, _LEARNING_RATE)
     except Exception as error:
         raise_if_unwritten(error)
         return {"error": f"rowwise_adagrad_sharder raised {one_line(error)}"}
     if not isinstance(sharder, EmbeddingBagCollectionSharder):
         return {"type": type(sharder).__name__}
+    from course_lib.checks import KeptState
+
     try:
-        second = make_sharder(_SECOND_LEARNING_RATE)
+        try:
+            second = call_unchanged("rowwise_adagrad_sharder", make_sharder, _SECOND_LEARNING_RATE)
+        except KeptState:  # it changed the first sharder: said below, with the learning rates
+            second = make_sharder(_SECOND_LEARNING_RATE)
         second_lr = (getattr(second, "fused_params", None) or {}).get("learning_rate")
         first_params = getattr(sharder, "fused_params", None)
         shared = second is not sharder and first_params is not None and first_params is getattr(second, "fused_params", None)
@@ -402,7 +416,9 @@ def check_state_bytes(
         want = _state_bytes(rows, dim, ranks, optimizer)
         call = f"state_bytes_per_rank({rows:,}, {dim}, {ranks}, {optimizer.name})"
         try:
-            answer = state_bytes_per_rank(rows, dim, ranks, optimizer)
+            answer = checked_call("state_bytes_per_rank", state_bytes_per_rank, rows, dim, ranks, optimizer)
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"{call} raised {one_line(error)}")
@@ -483,7 +499,7 @@ def _budget_on_rank(choose_sharder: Callable[[float], Any], budgets: tuple[float
     for budget in budgets:
         call = f"choose_sharder({_fraction(budget)})"
         try:
-            sharder = choose_sharder(budget)
+            sharder = call_unchanged("choose_sharder", choose_sharder, budget)
         except Exception as error:
             raise_if_unwritten(error)
             cases.append({"call": call, "error": f"{call} raised {one_line(error)}"})
@@ -535,7 +551,9 @@ def _check_untrained_budgets(choose_sharder: Callable[[float], Any], launch: Cal
     for budget in UNTRAINED_BUDGETS:
         call = f"choose_sharder({_fraction(budget)})"
         try:
-            sharder = choose_sharder(budget)
+            sharder = checked_call("choose_sharder", choose_sharder, budget)
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"{call} raised {one_line(error)}", "return a sharder for every budget: the check asks for budgets "

@@ -16,7 +16,18 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import CheckFailed, exercise, fail, is_number, launch_quietly, one_line, passed, raise_if_unwritten
+from course_lib.checks import (
+    CheckFailed,
+    checked_call,
+    exercise,
+    fail,
+    is_number,
+    launch_quietly,
+    one_line,
+    passed,
+    raise_if_unwritten,
+    same_start,
+)
 
 _TIMEOUT_S = 60.0
 # The model the shard exercise hands to `shard` (a TiedEncoderDecoder): 2 + 3 blocks, none in `.layers`.
@@ -339,8 +350,9 @@ def _ask(predict: Callable[..., Any], num_params: int, world_size: int, case: tu
 
     reshard_after_forward, dtype = case
     try:
-        got = predict(num_params, world_size, reshard_after_forward, getattr(torch, dtype))
-    except NotImplementedError:
+        got = checked_call("predict_held_bytes", predict, num_params, world_size, reshard_after_forward,
+                           getattr(torch, dtype))
+    except (NotImplementedError, CheckFailed):
         raise
     except Exception as error:  # noqa: BLE001  (the learner's code: report it)
         fail(f"predict_held_bytes({num_params:,}, {world_size}, {reshard_after_forward}, torch.{dtype}) raised "
@@ -618,7 +630,9 @@ def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[...,
     chosen = []
     for s in cases:  # every answer first: a wrong shape fails before any launch
         try:
-            got = choose_layout(*s.args())
+            got = checked_call("choose_layout", choose_layout, *s.args())
+        except CheckFailed:
+            raise
         except Exception as error:  # noqa: BLE001
             raise_if_unwritten(error)
             fail(f"choose_layout raised {one_line(error)} for {s.describe()}")
@@ -798,6 +812,7 @@ def _build_on_rank(build: Callable[[Any], Any]) -> dict[str, Any]:
         n for n, t in start.items()
         if not bool(torch.isfinite(t).all()) or (t.dim() == 2 and not 1e-3 < t.float().std().item() < 10)
     )
+    report["same start"] = same_start(start)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {n: t[:2].clone() for n, t in start.items()})
     report["replicas agree at start"] = all(
@@ -937,6 +952,14 @@ def check_build_on_mesh(build_on_mesh: Callable[[Any], Any], launch: Callable[..
         fail(
             "the LayerNorm weights are not 1 (or some weight is not finite): the model was not initialized",
             "after to_empty, call reset_parameters() on every module that has one",
+        )
+    if report.get("same start"):
+        first, second = report["same start"]
+        fail(
+            f"{first} and {second} start with the same weights: every layer of a shape was given the same draw, so "
+            "the blocks start as copies of each other (a loss compared from the same start does not show it)",
+            "seed once, before the whole model is initialized, not before each module's reset_parameters(): each "
+            "module must draw on from where the last one left the random generator",
         )
     if not report["replicas agree at start"]:
         fail(

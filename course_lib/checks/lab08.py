@@ -7,6 +7,7 @@ tensors (``course_lib.checkpoint.full_tensors``): weights, the fused optimizer's
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -888,10 +889,30 @@ def _judge_mixed(report: dict[str, Any], reference: dict[str, torch.Tensor], sta
              "load the optimizer state of every parameter whose optimizer did not change (make a fresh Adam's state "
              "exist first: checkpoint.init_optimizer_state)")
     moved = [k for k in fresh if k.startswith("optimizer.") and any(f".{t}." in k for t in become)]
-    if not moved or _largest_difference(state, fresh, moved) > 0:
+    given = [k for k in moved if k in state]  # none: the answer gave them no state, and Adam makes it at their first step
+    moments = [k for k in given if not k.endswith(".step")]
+    if any(state[k].shape != fresh[k].shape or bool(state[k].abs().max() > 0) for k in moments):
         fail(f"{where}the Adam state of {become_names} is not a fresh one: it was made up from something else",
              "an Adagrad accumulator is not Adam's moments: let the tables that moved to Adam start their optimizer "
              "from scratch" + generic)
+    steps = sorted({float(state[k]) for k in given if k.endswith(".step")})
+    if steps and steps != [0.0]:
+        counted = steps[-1]
+        slower = 1 - _first_update_ratio(counted)
+        fail(f"{where}the Adam state of {become_names} has zero moments but has counted {counted:g} step"
+             f"{'s' if counted != 1 else ''} already: their first update will be {slower:.0%} smaller than a new "
+             "Adam's (its bias correction starts from that step), and their step count stays off for good",
+             "checkpoint.init_optimizer_state makes the state exist by taking one step with a learning rate of 0: "
+             "for the tables the checkpoint has no Adam state for, set that step back to 0 after the load (or give "
+             "them no state at all)")
+
+
+def _first_update_ratio(steps: float, betas: tuple[float, float] = (0.9, 0.999)) -> float:
+    """How large Adam's first update is, with zero moments that have counted `steps` steps, next to a new Adam's (1):
+    its bias corrections use step ``steps + 1`` (``torch/optim/adam.py``: ``bias_correction1 = 1 - beta1 ** step``)."""
+    beta1, beta2 = betas
+    step = steps + 1
+    return (1 - beta1) / (1 - beta1**step) * math.sqrt((1 - beta2**step) / (1 - beta2))
 
 
 @exercise
@@ -899,8 +920,9 @@ def check_mixed_reload(reload: Callable[[str, Any, dict[str, Any]], Any], launch
     """`reload(path, config, per_table)`, run on every rank, must return an AppState sharded by `per_table` (here
     ``mixed_layout()``: two tables stay fused, two become data-parallel and move to Adam) that holds everything of
     the checkpoint that still means something: every weight, the step, the Adagrad state of the tables that stay
-    fused, Adam's state of the dense part; and, for the tables that moved to Adam, a fresh Adam state (the
-    checkpoint has none to give, and an Adagrad accumulator is not one). The check then asks for a second layout,
+    fused, Adam's state of the dense part; and, for the tables that moved to Adam, a fresh Adam state: zero
+    moments and no step counted, or no state at all (the checkpoint has none to give, and an Adagrad accumulator is
+    not one). The check then asks for a second layout,
     with other tables moving, of a second checkpoint (other table sizes, another step), and wants the same of it;
     the answer may change neither its arguments nor the checkpoints."""
     references, results = _reloads(_launch(launch), reload, _mixed_on_rank, 2, "reload on 2 ranks")

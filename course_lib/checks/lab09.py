@@ -6,9 +6,12 @@ import functools
 import math
 from typing import Any, Callable, Sequence
 
-from course_lib.checks import exercise, fail, is_number, one_line, passed, raise_if_unwritten
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, is_number, one_line, passed, raise_if_unwritten
 
-LOAD_FACTORS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+# Caching kernels take a load factor strictly between 0 and 1: torchrec refuses 1.0 whatever the memory (a cache of
+# every row is no cache; every row in HBM is the fused kernel), in validate_compute_kernels
+# (torchrec/distributed/planner/planners.py), so 1.0 is not on the menu.
+LOAD_FACTORS = (0.1, 0.25, 0.5, 0.75, 0.9)
 HBM_GIB = 16
 FRESH_HBM_GIB = 20  # a second cluster, whose answer (0.9) the lab does not show
 WORLD_SIZE, RANKS_PER_NODE = 64, 8
@@ -67,35 +70,41 @@ def largest_fitting(hbm_gib: float) -> float | None:
 
 
 @exercise
-def check_load_factor(load_factor: float, search: Callable[[float], Any] | None = None) -> None:
-    """`load_factor` must be the largest of LOAD_FACTORS for which the cached plan fits 64 GPUs of 16 GiB.
-
-    With `search`, the function that found it (``largest_fitting_load_factor(hbm_gib)``), the check also runs it
-    for 64 GPUs of FRESH_HBM_GIB, whose answer the lab does not show: a load factor typed in, or a search that
-    plans 16 GiB whatever it is asked, gives the 16 GiB answer there too (4 more plans, a few seconds)."""
+def check_load_factor(search: Callable[[float], Any]) -> None:
+    """`search(hbm_gib)` (the lab's ``largest_fitting_load_factor``) must return the largest of LOAD_FACTORS for which
+    the cached plan fits 64 GPUs of `hbm_gib`. The check calls it for HBM_GIB, the lab's 16 GiB, and for
+    FRESH_HBM_GIB, whose answer the lab does not show: a load factor typed in, or a search that plans 16 GiB whatever
+    it is asked, gives the 16 GiB answer there too (a few plans, a few seconds)."""
+    if not callable(search):
+        fail(f"expected the function that searches the menu, got {search!r}",
+             "pass the function itself: lab09.check_load_factor(largest_fitting_load_factor); the check calls it")
+    answers = {}
+    for hbm_gib in (HBM_GIB, FRESH_HBM_GIB):
+        try:
+            answers[hbm_gib] = checked_call("largest_fitting_load_factor", search, hbm_gib)
+        except CheckFailed:
+            raise
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"your search raised {one_line(error)} for {WORLD_SIZE} GPUs of {hbm_gib} GiB",
+                 "give it the HBM per GPU as its argument and plan that: plan_cluster(hbm_gib, ...)")
+    load_factor = answers[HBM_GIB]
     if load_factor not in LOAD_FACTORS:
-        fail(f"{load_factor!r} is not one of the load factors on the menu {LOAD_FACTORS}")
+        fail(f"for {WORLD_SIZE} GPUs of {HBM_GIB} GiB your search gives {load_factor!r}, which is not one of the load "
+             f"factors on the menu {LOAD_FACTORS}", "return the factor of the menu whose plan fits, a number")
     if not plan_fits(load_factor):
         fail(
-            f"with load factor {load_factor} the planner finds no plan on {WORLD_SIZE} GPUs of {HBM_GIB} GiB",
-            "the cache lives in HBM: a load factor of 1.0 caches every row, which is the whole table in HBM again",
+            f"for {WORLD_SIZE} GPUs of {HBM_GIB} GiB your search gives {load_factor}, and with it the planner finds no plan",
+            "the cache lives in HBM: a larger load factor keeps more of every table there; try each factor with the "
+            "planner and keep the largest whose plan it finds",
         )
     bigger = [f for f in LOAD_FACTORS if f > load_factor]
     if bigger and plan_fits(bigger[0]):
         fail(
-            f"load factor {load_factor} fits, but so does {bigger[0]}",
+            f"for {WORLD_SIZE} GPUs of {HBM_GIB} GiB your search gives {load_factor}, which fits, but so does {bigger[0]}",
             "pick the largest that fits: a bigger cache keeps more hot rows in HBM, so fewer lookups miss to host memory",
         )
-    if search is None:
-        passed(f"load factor {load_factor}: the largest cache that fits {WORLD_SIZE} GPUs of {HBM_GIB} GiB")
-        return
-    try:
-        got = search(FRESH_HBM_GIB)
-    except Exception as error:
-        raise_if_unwritten(error)
-        fail(f"your search raised {one_line(error)} for {WORLD_SIZE} GPUs of {FRESH_HBM_GIB} GiB",
-             "give it the HBM per GPU as its argument and plan that: plan_cluster(hbm_gib, ...)")
-    want = largest_fitting(FRESH_HBM_GIB)
+    got, want = answers[FRESH_HBM_GIB], largest_fitting(FRESH_HBM_GIB)
     if got != want:
         fail(f"for {WORLD_SIZE} GPUs of {FRESH_HBM_GIB} GiB your search gives {got!r}, but the largest cache that fits "
              f"there is {want}" + (f": the same answer as for {HBM_GIB} GiB, as if typed in or planned for "
@@ -189,8 +198,9 @@ def _not_a_plain_kernel(kernel: str) -> str:
 
 
 @exercise
-def check_budget_plan(constraints: Any) -> None:
-    """`constraints` (table name -> ``ParameterConstraints``, for some or all of the production tables) must make
+def check_budget_plan(choose_constraints: Callable[[], Any]) -> None:
+    """`choose_constraints()` must return constraints (table name -> ``ParameterConstraints``, for some or all of the
+    production tables) that make
     the planner's plan on 64 x 80 GiB meet both budgets, by the planner's own estimates: at most
     HBM_BUDGET_GIB of HBM on every rank, at most COMMS_BUDGET_MS of communication on the busiest rank; and it may not
     buy the memory with time the communication estimate leaves out (rows read from host memory): at most
@@ -201,6 +211,16 @@ def check_budget_plan(constraints: Any) -> None:
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.types import PlannerError
 
+    if not callable(choose_constraints):
+        fail(f"expected the function that chooses the constraints, got a {type(choose_constraints).__name__}",
+             "pass the function itself: lab09.check_budget_plan(choose_constraints); the check calls it")
+    try:
+        constraints = checked_call("choose_constraints", choose_constraints)
+    except CheckFailed:
+        raise
+    except Exception as error:
+        raise_if_unwritten(error)
+        fail(f"choose_constraints() raised {one_line(error)}", "return the constraints you give the planner")
     if not isinstance(constraints, dict):
         fail(f"expected a dict of table name -> ParameterConstraints, got {type(constraints).__name__}",
              "return the constraints you give the planner (plan_cluster(80, constraints)), not a plan or a list")
@@ -237,6 +257,14 @@ def check_budget_plan(constraints: Any) -> None:
                  f"off the GPU, and these are plain tables (EmbeddingBagConfig, use_virtual_table=False){priced}",
                  "leave use_virtual_table and key_value_params unset: choose sharding types, kernels (fused, fused_uvm, "
                  "fused_uvm_caching) and cache load factors")
+        load_factor = getattr(cache, "load_factor", None)
+        caching = not constraint.compute_kernels or "fused_uvm_caching" in constraint.compute_kernels
+        if caching and load_factor is not None and not 0 < load_factor < 1:
+            fail(f"the constraint of {name} asks for a cache load factor of {load_factor!r}: torchrec refuses a "
+                 "caching kernel whose load factor is not strictly between 0 and 1, whatever the memory "
+                 "(validate_compute_kernels, after the plan is made)",
+                 "a cache of every row is the fused kernel (every row in HBM); a cache of none is fused_uvm (every "
+                 "row in host memory): name that kernel, or a load factor between 0 and 1")
         foreign = [k for k in (constraint.compute_kernels or ()) if k not in _PLAIN_KERNELS]
         if foreign:
             fail(f"the constraint of {name} allows the {foreign[0]} kernel: {_not_a_plain_kernel(foreign[0])}",
@@ -302,7 +330,7 @@ def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
     """`lookup_gb_per_s(num_ids, embedding_dim, seconds, bytes_per_element)`: GB/s of embedding rows read."""
     for num_ids, dim, seconds, element in _LOOKUP_CASES:
         expected = num_ids * dim * element / seconds / 1e9
-        got = lookup_gb_per_s(num_ids, dim, seconds, element)
+        got = checked_call("lookup_gb_per_s", lookup_gb_per_s, num_ids, dim, seconds, element)
         if not is_number(got):
             fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
         got = float(got)
@@ -417,7 +445,7 @@ def check_torchrun_command(torchrun_command: Callable[..., Sequence[str]]) -> No
         meanings = []
         for node_rank in range(nnodes):
             where = f"node {node_rank} of {nnodes} ({nproc} process{'es' if nproc > 1 else ''} each, head {head}, port {port})"
-            argv = torchrun_command(nnodes, nproc, node_rank, head, port)
+            argv = checked_call("torchrun_command", torchrun_command, nnodes, nproc, node_rank, head, port)
             if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
                 fail(f"expected a list of strings, got {argv!r}",
                      "e.g. ['torchrun', '--nnodes', '2', ...]: one string per argument, numbers as str(...)")

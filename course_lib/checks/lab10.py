@@ -257,7 +257,9 @@ def check_table_choice(
 
     def ask(budget: int) -> Any:
         try:
-            return choose_table(budget)
+            return checked_call("choose_table", choose_table, budget)
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"choose_table({budget}) raised {one_line(error)}")

@@ -35,7 +35,9 @@ def check_block_plan(block_plan: Callable[[], Mapping[str, Any]], launch: Callab
     if launch is None:
         from course_lib import launch
     try:
-        plan = block_plan()
+        plan = checked_call("block_plan", block_plan)
+    except CheckFailed:
+        raise
     except Exception as error:
         raise_if_unwritten(error)
         fail(f"block_plan() raised {one_line(error)}")
@@ -132,7 +134,9 @@ def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -
     for model, dp, tp in _bytes_cases():
         want = reference_bytes(model, dp, tp)
         try:
-            got = bytes_per_rank(model, dp, tp)
+            got = checked_call("bytes_per_rank", bytes_per_rank, model, dp, tp)
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"bytes_per_rank raised {one_line(error)} (dp={dp}, tp={tp})")
@@ -226,7 +230,9 @@ def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) ->
     for world, per_host, model, budget, what in _mesh_cases():
         want = reference_mesh(world, per_host, model, budget)
         try:
-            got = choose_mesh(world, per_host, model, budget)
+            got = checked_call("choose_mesh", choose_mesh, world, per_host, model, budget)
+        except CheckFailed:
+            raise
         except Exception as error:
             raise_if_unwritten(error)
             fail(f"choose_mesh raised {one_line(error)} ({what})")
