@@ -45,13 +45,13 @@ REWRITTEN = frozenset([
 
     "07_hybrid",
 
-    # "08_checkpointing",
+    "08_checkpointing",
 
-    # "09_scale",
+    "09_scale",
 
     "10_new_ids",
 
-    # "11_cheaper",
+    "11_cheaper",
 
     "12_llm_era",
 ])
