@@ -60,6 +60,10 @@ def route_modulo(ids, num_rows):
     return _send_to_owners(ids, ids % dist.get_world_size())
 
 
+def route_by_floor_blocks(ids, num_rows):  # owner = id // floor(...): an owner of world_size on 3 ranks
+    return _send_to_owners(ids, ids // (num_rows // dist.get_world_size()))
+
+
 def route_without_counts(ids, num_rows):
     world = dist.get_world_size()
     owner = ids // math.ceil(num_rows / world)
@@ -119,6 +123,7 @@ def test_route_check_accepts_the_solution(capsys):
     "wrong, words",
     [
         (route_modulo, r"id % 2"),
+        (route_by_floor_blocks, r"exactly world_size entries(.|\n)*not // floor"),
         (route_without_counts, r"exchange the counts first"),
         (route_sorted, r"wrong order \(they were sorted\)"),
         (route_by_all_gather, r"travelled by all_gather_object"),

@@ -219,6 +219,12 @@ def _launch_hint(text: str, reproduce: str) -> str:
             "rank, so exchange the counts first (all_to_all_single on a tensor of per-destination counts), "
             "then pass them as output_split_sizes"
         )
+    if "% context->size" in text:  # gloo's all-to-all without splits: the tensor does not divide by the ranks
+        return (
+            "a tensor sent by all_to_all_single without split sizes must hold the same number of values for every "
+            "rank: a counts tensor needs exactly world_size entries. An owner of world_size or more makes it "
+            "longer: owner = id // ceil(num_rows / world_size), not // floor"
+        )
     if "never finished" in text or "timed out" in text or "Connection closed" in text or "Connection reset" in text:
         return (
             "a rank waited in a collective that another rank never called: every rank must call the same "
