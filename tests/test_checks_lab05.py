@@ -404,6 +404,24 @@ def test_budget_check_accepts_the_solution(capsys):
     assert out.startswith("✓") and "the choices for 1/18, 1/16, 1 fit their budgets too" in out
 
 
+_CHOOSE_SHARDER_CELL = """
+def choose_sharder(budget_fraction):
+    if 1 / 16 <= budget_fraction:
+        return rowwise_adagrad_sharder(0.1)
+    return EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 50.0})
+"""
+
+
+def test_budget_check_holds_the_sharder_it_builds_on_to_exercise_1():
+    # exercise 1's shared dict does no harm here (every row-wise sharder has lr 0.1), so only exercise 1's check saw it
+    namespace = {"EmbeddingBagCollectionSharder": EmbeddingBagCollectionSharder, "EmbOptimType": EmbOptimType,
+                 "rowwise_adagrad_sharder": one_shared_dict}
+    exec(_CHOOSE_SHARDER_CELL, namespace)  # noqa: S102  (a cell's code, in a namespace as the notebook's)
+    with pytest.raises(CheckFailed, match=r"both sharders hold the same fused_params dict \(choose_sharder builds on "
+                                          r"it, and exercise 1's check refuses it\)"):
+        lab05.check_budget_choice(namespace["choose_sharder"])
+
+
 def test_budget_check_rejects_a_typed_in_cutoff():  # right at 1/8 and 1/32, over the budget at 1/18
     with pytest.raises(CheckFailed, match=r"choose_sharder\(1/18\): exact_row_wise_adagrad keeps 1/16 \(6.2%\) of the "
                                           r"table bytes as state; the budget is 1/18 \(5.6%\)"):

@@ -374,6 +374,33 @@ def rule_read_off_the_cases(hosts, ranks_per_host, num_params, memory_limit, int
     return named["FSDP"]
 
 
+def a_typed_in_link_ratio(ratio):
+    """A timing rule read off the cases: replicate where it fits and the cross link is over `ratio` of a host's
+    speed, else HSDP where it fits, else FSDP. The cut-off is 2/3 (section 5's accounting); 1/2 and 3/4 both
+    agree with every case but the ones between."""
+    def choose(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps):
+        named = layouts_of(hosts, ranks_per_host)
+        if predict_state(num_params, 1) <= memory_limit and (hosts == 1 or cross_gbps > ratio * intra_gbps):
+            return named["replicate"]
+        if predict_state(num_params, ranks_per_host) <= memory_limit and hosts > 1:
+            return named["HSDP"]
+        return named["replicate"] if predict_state(num_params, 1) <= memory_limit else named["FSDP"]
+    return choose
+
+
+@pytest.mark.parametrize("ratio, words", [
+    (1 / 2, "2 hosts x 8 ranks.*95 GB/s between hosts: your layout \\[\\[0\\], \\[1\\], .* takes 78.9 ms .*HSDP .* "
+            "fits too and takes 75.3 ms: every rank all-reduces all its gradients across hosts"),
+    (3 / 4, "2 hosts x 8 ranks.*105 GB/s between hosts: your layout .* takes 74.8 ms .*replication fits too and "
+            "takes 71.4 ms: it shards 8 ways though the whole model fits one rank"),
+])
+def test_layout_check_rejects_a_link_ratio_right_only_at_the_cases(ratio, words):
+    for s in lab06.layout_cases()[:-2]:  # the cases before the two between: the rule chooses as the solution does
+        assert a_typed_in_link_ratio(ratio)(*s.args()) == choose_layout(*s.args()), s
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_choose_layout(a_typed_in_link_ratio(ratio))
+
+
 def strictly_under_the_limit(hosts, ranks_per_host, num_params, memory_limit, *rest):
     return choose_layout(hosts, ranks_per_host, num_params, memory_limit - 1, *rest)
 
@@ -398,7 +425,7 @@ def all_reduce_counted_once(hosts, ranks_per_host, num_params, memory_limit, int
 def test_layout_check_accepts_the_solution(capsys):
     lab06.check_choose_layout(choose_layout)
     out = capsys.readouterr().out
-    assert out.startswith("✓") and "all 12 cases (4 measured on 4 ranks, 8 of up to 32 ranks" in out
+    assert out.startswith("✓") and "all 14 cases (4 measured on 4 ranks, 10 of up to 32 ranks" in out
 
 
 def test_layout_check_accepts_tuples_of_numpy_ints():
@@ -414,7 +441,7 @@ def test_layout_check_accepts_tuples_of_numpy_ints():
 def test_the_solution_meets_each_case_as_the_comments_say():
     cases = lab06.layout_cases()
     want = ["replicate", "FSDP", "HSDP", "replicate", "HSDP", "FSDP", "replicate", "replicate", "HSDP", "replicate",
-            "HSDP", "HSDP"]
+            "HSDP", "HSDP", "HSDP", "replicate"]
     assert len(cases) == len(want)
     for s, name in zip(cases, want):
         got = choose_layout(*s.args())

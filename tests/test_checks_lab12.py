@@ -254,6 +254,46 @@ def test_choose_mesh_passes_numpy_integers(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+# The solution's choose_mesh as a notebook cell defines it: it reads the bytes_per_rank of the notebook's namespace
+_CHOOSE_MESH_CELL = """
+def choose_mesh(world_size, ranks_per_host, model, budget_bytes):
+    heads = model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
+    block = model.layers[0]
+    for tp in range(1, world_size + 1):
+        if world_size % tp or heads % tp or ranks_per_host % tp:
+            continue
+        dp = world_size // tp
+        linear = sum(m.weight.numel() * m.weight.element_size() for m in block.modules() if isinstance(m, nn.Linear))
+        block_bytes = sum(p.numel() * p.element_size() for p in block.parameters())
+        gathered = linear // tp + (block_bytes - linear) if dp > 1 else 0
+        if bytes_per_rank(model, dp, tp) + gathered <= budget_bytes:
+            return dp, tp
+    return None
+"""
+
+
+def mesh_cell_with(bytes_per_rank):
+    namespace = {"nn": nn, "bytes_per_rank": bytes_per_rank}
+    exec(_CHOOSE_MESH_CELL, namespace)  # noqa: S102  (a cell's code, run as the notebook runs it)
+    return namespace["choose_mesh"]
+
+
+def test_choose_mesh_on_the_solutions_bytes_passes(capsys):
+    lab12.check_choose_mesh(mesh_cell_with(good_bytes))
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_choose_mesh_on_a_bytes_per_rank_exercise_2_refuses_is_rejected():
+    # 4 bytes for every value: right for the fp32 towers exercise 3 asks about, so it chose every mesh right
+    four_bytes_each = lambda model, dp, tp: one_element_size(model, dp, tp, size=4)  # noqa: E731
+    for world, per_host, model, budget, _ in lab12._mesh_cases():
+        assert mesh_cell_with(four_bytes_each)(world, per_host, model, budget) == good_mesh(world, per_host, model, budget)
+    with pytest.raises(lab12.CheckFailed,
+                       match=r"bytes_per_rank gave .* it counts 4 bytes for every value, but this Tower holds bfloat16 .*"
+                             r"\(choose_mesh builds on it, and exercise 2's check refuses it\)"):
+        lab12.check_choose_mesh(mesh_cell_with(four_bytes_each))
+
+
 def _heads(model):
     return model.layers[0].attention.wq.out_features // model.layers[0].attention.head_dim
 

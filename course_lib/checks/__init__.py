@@ -310,6 +310,32 @@ def checked_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         fail(str(changed), INPUT_CHANGED_HINT)
 
 
+def builds_on(answer: Any, name: str) -> Callable[..., Any] | None:
+    """The earlier exercise's answer `name` that a later `answer` calls (``choose_mesh`` calling the learner's
+    ``bytes_per_rank``): the function bound to `name` in the answer's globals (a notebook's namespace) when its
+    code, or a function nested in it, reads that global; None when it does not."""
+    code, seen = getattr(answer, "__code__", None), []
+    while code is not None or seen:
+        if code is not None:
+            if name in code.co_names:
+                found = getattr(answer, "__globals__", {}).get(name)
+                return found if callable(found) and found is not answer else None
+            seen.extend(const for const in code.co_consts if hasattr(const, "co_names"))
+        code = seen.pop() if seen else None
+    return None
+
+
+def judged_again(earlier: str, judge: Callable[..., None], *args: Any, by: str = "your answer") -> None:
+    """Re-apply an earlier exercise's judgement, `judge(*args)` (its check's core, failing as that check fails),
+    to what a later answer builds on or builds: a later check that accepts what an earlier one refuses lets the
+    earlier mistake through. A failure keeps the earlier check's words and says whose they are."""
+    try:
+        judge(*args)
+    except CheckFailed as failure:
+        raise CheckFailed(f"{failure.problem} ({by} builds on it, and {earlier}'s check refuses it)", failure.hint,
+                          failure.notes) from failure.__cause__
+
+
 def _unwritten(error: BaseException | None) -> bool:
     """Whether `error` is the ``raise NotImplementedError()`` a lab leaves in an exercise (no message: a
     NotImplementedError with one, such as torch's "Could not run 'aten::...'", is a real answer's error)."""

@@ -10,10 +10,12 @@ import torch
 from course_lib import data
 from course_lib.checks import (
     CheckFailed,
+    builds_on,
     call_unchanged,
     checked_call,
     exercise,
     fail,
+    judged_again,
     one_line,
     passed,
     raise_if_unwritten,
@@ -83,6 +85,14 @@ def check_rowwise_sharder(
     optimizer's state and learning rate, and which optimizer the sharder names (another one-value-per-row
     optimizer, such as EMAINPLACE_ROWWISE_ADAGRAD, has the same state shape but another update rule).
     """
+    rows_per_rank = judge_rowwise_sharder(rowwise_adagrad_sharder, launch)
+    passed(f"row-wise Adagrad, fused: one state value per row ({rows_per_rank} rows on rank 0), lr {_LEARNING_RATE}")
+
+
+def judge_rowwise_sharder(rowwise_adagrad_sharder: Callable[[float], Any],
+                          launch: Callable[..., list[Any]] | None = None) -> int:
+    """Exercise 1's judgement (fails as its check fails; returns the rows on rank 0): exercise 4's check applies
+    it again to the rowwise_adagrad_sharder a choose_sharder calls."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if launch is None:
@@ -154,7 +164,7 @@ def check_rowwise_sharder(
             f"rowwise_adagrad_sharder({_SECOND_LEARNING_RATE}) sets the learning rate to {second_lr}",
             "use the function's learning_rate argument, not a number typed in",
         )
-    passed(f"row-wise Adagrad, fused: one state value per row ({rows_per_rank} rows on rank 0), lr {_LEARNING_RATE}")
+    return rows_per_rank
 
 
 # ------------------------------------------------------------------------------------------ exercise 2
@@ -593,6 +603,9 @@ def check_budget_choice(choose_sharder: Callable[[float], Any], launch: Callable
     """
     if launch is None:
         from course_lib import launch
+    earlier = builds_on(choose_sharder, "rowwise_adagrad_sharder")  # exercise 1's answer: its mistakes fail here too
+    if earlier is not None:
+        judged_again("exercise 1", judge_rowwise_sharder, earlier, launch, by="choose_sharder")
     reports = launch(_budget_on_rank, choose_sharder, BUDGET_CASES, world_size=2, show_ranks=[])
     reference = reports[0]["adagrad"]
     for report in reports[0]["cases"]:  # every budget's errors first: one that raised left no reference run

@@ -464,7 +464,7 @@ def _hsdp_params() -> int:
 
 
 def layout_cases() -> list[Situation]:
-    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 8 larger
+    """The cases the check decides: 4 of 4 ranks (built and measured, HSDP_MODEL's parameters), then 10 larger
     ones judged by the same accounting from the layout alone."""
     n = _hsdp_params()  # 30,080: 470 KiB of state whole, 235 KiB sharded 2 ways, 117.5 KiB 4 ways
     return [
@@ -486,6 +486,11 @@ def layout_cases() -> list[Situation]:
         # fits whole, a cross link half as fast as inside a host: HSDP; replication wins only for an answer that
         # counts an all-reduce as sending the gradients once ((R-1)/R), not twice (reduce-scatter + all-gather)
         Situation(2, 8, 1_000_000_000, 40 * _GiB, 150, 75),
+        # where it fits whole, replication beats HSDP exactly when the cross link is over 2/3 as fast as a host's
+        # (both send 2 (S-1)/S of the parameter bytes more over one link than the other): just under (95), HSDP; just
+        # over (105), replication. A cut-off typed in between the cases above (1/2, 3/4) picks wrong at one of them
+        Situation(2, 8, 1_000_000_000, 40 * _GiB, 150, 95),
+        Situation(2, 8, 1_000_000_000, 40 * _GiB, 150, 105),
     ]
 
 
@@ -608,12 +613,12 @@ def _short(layout: list) -> str:
 
 @exercise
 def check_choose_layout(choose_layout: Callable[..., Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 12
+    """Apply ``choose_layout(hosts, ranks_per_host, num_params, memory_limit, intra_gbps, cross_gbps)`` to 14
     cases the lab does not show, and judge each layout by its consequence.
 
     The 4 cases of 4 ranks are built: one launch of 4 ranks (gloo) shards ``TinyTransformer(**HSDP_MODEL)``
     on each layout's mesh, takes an Adam step, and reports the bytes of state each rank holds and the ranks
-    of its shard and replicate groups. The 8 larger cases (8 to 32 ranks, models of billions of parameters)
+    of its shard and replicate groups. The 10 larger cases (8 to 32 ranks, models of billions of parameters)
     cannot run here: they are judged by the same accounting computed from the layout's shape: 16 bytes per
     parameter / the shard group's size, and per step 3 (S-1)/S of the parameter bytes sent in the shard group
     and 2 (R-1)/R of a shard's in the replicate group, at the cross-host speed if the group spans hosts.

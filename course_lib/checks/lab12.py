@@ -9,10 +9,12 @@ from torch import nn
 from course_lib import parallel2d
 from course_lib.checks import (
     CheckFailed,
+    builds_on,
     checked_call,
     exercise,
     fail,
     is_number,
+    judged_again,
     launch_quietly,
     one_line,
     passed,
@@ -131,6 +133,14 @@ def _dtypes(model: nn.Module) -> str:
 @exercise
 def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -> None:
     """`bytes_per_rank(model, dp, tp)`: parameter bytes each rank holds under the 2-D layout."""
+    judge_bytes_per_rank(bytes_per_rank)
+    passed("bytes_per_rank: Linear weights split dp x tp ways, LayerNorms dp ways (5 layouts, 5 models: fp32, bf16 "
+           "and bf16 Linears with fp32 LayerNorms)")
+
+
+def judge_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -> None:
+    """Exercise 2's judgement: fail unless `bytes_per_rank` gives the bytes of every case; exercise 3's check
+    applies it again to the bytes_per_rank a choose_mesh calls."""
     for model, dp, tp in _bytes_cases():
         want = reference_bytes(model, dp, tp)
         try:
@@ -168,8 +178,6 @@ def check_bytes_per_rank(bytes_per_rank: Callable[[nn.Module, int, int], Any]) -
                      "count each parameter's own bytes: p.numel() * p.element_size()")
         fail(f"bytes_per_rank gave {got!r} for {case}, expected {want:,}",
              "Linear weights / (dp * tp) + the other parameters / dp, in bytes (fp32: 4 per value)")
-    passed("bytes_per_rank: Linear weights split dp x tp ways, LayerNorms dp ways (5 layouts, 5 models: fp32, bf16 "
-           "and bf16 Linears with fp32 LayerNorms)")
 
 
 # ------------------------------------------------------------------------------------------ exercise 3
@@ -226,7 +234,12 @@ def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
 
 @exercise
 def check_choose_mesh(choose_mesh: Callable[[int, int, nn.Module, int], Any]) -> None:
-    """`choose_mesh(world_size, ranks_per_host, model, budget_bytes)` -> ``(dp, tp)`` or None."""
+    """`choose_mesh(world_size, ranks_per_host, model, budget_bytes)` -> ``(dp, tp)`` or None. A choose_mesh that
+    calls a bytes_per_rank is held to exercise 2's check on it first: the meshes here are all fp32, where a
+    bytes_per_rank that counts 4 bytes for every value still agrees."""
+    earlier = builds_on(choose_mesh, "bytes_per_rank")
+    if earlier is not None:
+        judged_again("exercise 2", judge_bytes_per_rank, earlier, by="choose_mesh")
     for world, per_host, model, budget, what in _mesh_cases():
         want = reference_mesh(world, per_host, model, budget)
         try:
