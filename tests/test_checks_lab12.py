@@ -379,7 +379,7 @@ def test_choose_mesh_rejects_new_mistakes(answer, reason):
 @pytest.mark.parametrize("answer, reason", [
     (largest_tp, "less tensor parallelism"),
     (ignores_hosts, "spans hosts"),
-    (at_most_a_host, "(4, 3) for 6 heads, 12 ranks on 3 hosts of 4, 60,000 bytes: tp=3 is no more than a host's 4 ranks, "
+    (at_most_a_host, "(4, 3) for a model of 6 heads on 12 ranks in 3 hosts of 4, budget 60,000 bytes: tp=3 is no more than a host's 4 ranks, "
                      "but tp groups take consecutive ranks, so the group 3, 4, 5 spans two hosts"),
     (ignores_heads, "do not split over tp"),
     (resident_only, "over the budget"),
@@ -388,7 +388,7 @@ def test_choose_mesh_rejects_new_mistakes(answer, reason):
     (lambda w, h, m, b: [w // 2, 2], "less tensor parallelism"),  # a list is read as a pair
     (lambda w, h, m, b: "2x2", "return a pair"),
     # tp tested against the heads and the host but not the world: tp = 8 on 12 ranks leaves dp = 12 // 8 = 1
-    (ignores_world, "(1, 8) for 8 heads, 12 ranks on hosts of 8, 36,000 bytes: dp x tp must use all 12 ranks"),
+    (ignores_world, "(1, 8) for a model of 8 heads on 12 ranks in hosts of 8, budget 36,000 bytes: dp x tp must use all 12 ranks"),
     # adversarial round 2: dp = world_size / tp, a float: (2.0, 2) == (2, 2), so the right mesh's value passed
     (lambda w, h, m, b: None if good_mesh(w, h, m, b) is None else (good_mesh(w, h, m, b)[0] * 1.0, good_mesh(w, h, m, b)[1]),
      "return a pair (dp, tp) of ints, or None\nhint: world_size / tp is a float (2.0)"),
@@ -396,7 +396,7 @@ def test_choose_mesh_rejects_new_mistakes(answer, reason):
     (lambda w, h, m, b: next(((w // tp, tp) for tp in range(1, w + 1) if w % tp == 0 and h % tp == 0
                               and (m.layers[0].attention.wq.out_features // 8) % tp == 0
                               and lab12.reference_peak(m, w // tp, tp) <= b), None),
-     "(1, 8) for 4 heads of 16, 8 ranks on one host, 40,000 bytes: 4 heads do not split over tp=8"),
+     "(1, 8) for a model of 4 heads, 16 wide, on 8 ranks in one host, budget 40,000 bytes: 4 heads do not split over tp=8"),
 ])
 def test_choose_mesh_rejects(answer, reason):
     rejects(lab12.check_choose_mesh, answer, match=reason)

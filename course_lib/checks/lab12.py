@@ -211,24 +211,25 @@ def reference_mesh(world_size: int, ranks_per_host: int, model: parallel2d.Tower
 def _mesh_cases() -> list[tuple[int, int, parallel2d.Tower, int, str]]:
     small = parallel2d.Tower(dim=32, n_heads=4, hidden=64, n_layers=2)
     wide = parallel2d.Tower(dim=48, n_heads=6, hidden=192, n_layers=2)
+    lab = "the lab's model of 4 heads on 4 ranks in 2 hosts of 2"  # each label names the model and the cluster
     return [
-        (4, 2, small, 40_000, "the lab's model, 4 ranks on 2 hosts of 2, 40,000 bytes"),
+        (4, 2, small, 40_000, f"{lab}, budget 40,000 bytes"),
         # exactly pure FSDP's peak: a budget is a limit the peak may reach
-        (4, 2, small, reference_peak(small, 4, 1), f"the same with {reference_peak(small, 4, 1):,} bytes"),
+        (4, 2, small, reference_peak(small, 4, 1), f"{lab}, budget {reference_peak(small, 4, 1):,} bytes"),
         # a byte under (2, 2)'s peak: nothing fits, unless the peak is underestimated
-        (4, 2, small, reference_peak(small, 2, 2) - 1, f"the same with {reference_peak(small, 2, 2) - 1:,} bytes"),
-        (8, 4, wide, 90_000, "6 heads, 8 ranks on 2 hosts of 4, 90,000 bytes"),
-        (8, 4, wide, 60_000, "6 heads, 8 ranks on 2 hosts of 4, 60,000 bytes"),
-        (6, 6, wide, 40_000, "6 heads, 6 ranks on one host, 40,000 bytes"),  # only tp = 6, dp = 1: nothing gathered
+        (4, 2, small, reference_peak(small, 2, 2) - 1, f"{lab}, budget {reference_peak(small, 2, 2) - 1:,} bytes"),
+        (8, 4, wide, 90_000, "a model of 6 heads on 8 ranks in 2 hosts of 4, budget 90,000 bytes"),
+        (8, 4, wide, 60_000, "a model of 6 heads on 8 ranks in 2 hosts of 4, budget 60,000 bytes"),
+        (6, 6, wide, 40_000, "a model of 6 heads on 6 ranks in one host, budget 40,000 bytes"),  # only tp = 6, dp = 1: nothing gathered
         # tp = 3 fits the budget and is at most a host, but its groups 3, 4, 5 and 6, 7, 8 span hosts: nothing fits
-        (12, 4, wide, 60_000, "6 heads, 12 ranks on 3 hosts of 4, 60,000 bytes"),
+        (12, 4, wide, 60_000, "a model of 6 heads on 12 ranks in 3 hosts of 4, budget 60,000 bytes"),
         # tp = 8 divides a host and the heads, and fits, but not the 12 ranks (dp = 1.5): nothing fits
         (12, 8, parallel2d.Tower(dim=64, n_heads=8, hidden=128, n_layers=2), 36_000,
-         "8 heads, 12 ranks on hosts of 8, 36,000 bytes"),
+         "a model of 8 heads on 12 ranks in hosts of 8, budget 36,000 bytes"),
         # heads 16 wide (the others are 8): tp = 8 fits, but 4 heads do not split 8 ways; 1, 2 and 4 do not fit, so
         # nothing does (a head count read as dim // 8 would allow tp = 8)
         (8, 8, parallel2d.Tower(dim=64, n_heads=4, hidden=128, n_layers=2), 40_000,
-         "4 heads of 16, 8 ranks on one host, 40,000 bytes"),
+         "a model of 4 heads, 16 wide, on 8 ranks in one host, budget 40,000 bytes"),
     ]
 
 
