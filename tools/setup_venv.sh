@@ -71,11 +71,11 @@ torch_cpu_index=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 torch_index=$torch_cpu_index
 if [ -n "$CUDA" ]; then torch_index="https://download.pytorch.org/whl/$CUDA"; fi
 say_unreachable() {  # $1: why the probe failed
-  local wanted="the CPU build ($(grep '^torch==' requirements/torch-cpu.txt | cut -d= -f3)+cpu, about 1 GB in .venv)"
+  local wanted="the CPU build ($(grep '^torch==' requirements/torch-cpu.txt | cut -d= -f3)+cpu, about 1.7 GB in .venv)"
   if [ -n "$CUDA" ]; then wanted="the $CUDA build"; fi
   echo "setup: the PyTorch wheel index $torch_index cannot be reached ($1)." >&2
   echo "setup: installing PyPI's torch instead of $wanted: PyPI's Linux torch is the CUDA 13.0 build," >&2
-  echo "setup:   with its NVIDIA libraries about 5 GB in .venv and a few minutes to download; it runs on CPU too." >&2
+  echo "setup:   with its NVIDIA libraries about 5.4 GB in .venv and minutes to download; it runs on CPU too." >&2
   if [ -z "$CUDA" ]; then echo "setup:   TORCH_CPU_INDEX=<a mirror of $torch_cpu_index> make setup gets the CPU build (README)." >&2; fi
 }
 if [ -n "${SETUP_PROBE_ONLY:-}" ]; then  # tests: say where torch would come from, build nothing
