@@ -65,9 +65,14 @@ SAMPLES = {
     "traceback-statements": (
         '  File "COURSE_LIB/optimizers.py", line N, in row_wise_ebc\n    return DistributedModelParallel(\n'
         "        planning.meta_ebc(tables), plan=plan, sharders=[sharder]\n    )\n"
-        '  File "SITE-PACKAGES/torchrec/distributed/model_parallel.py", line 357, in __init__',
+        '  File "SITE-PACKAGES/torchrec/distributed/model_parallel.py", line 541, in _shard_modules_impl\n'
+        "    sharded_module = self._sharder_map[sharder_key].shard(\n        module,\n    ...<3 lines>...\n"
+        "        path,\n    )\n"
+        '  File "SITE-PACKAGES/torchrec/distributed/logging_handlers.py", line 117, in wrapper',
         '  File "COURSE_LIB/optimizers.py", line N, in row_wise_ebc\n    return DistributedModelParallel(\n'
-        '  File "SITE-PACKAGES/torchrec/distributed/model_parallel.py", line 357, in __init__',
+        '  File "SITE-PACKAGES/torchrec/distributed/model_parallel.py", line 541, in _shard_modules_impl\n'
+        "    sharded_module = self._sharder_map[sharder_key].shard(\n"
+        '  File "SITE-PACKAGES/torchrec/distributed/logging_handlers.py", line 117, in wrapper',
     ),
     "traceback-carets": (
         "    self._optimizer: optim.Optimizer = optim_factory(pass_params)\n                                       ~~~~~~~^^^\n"
