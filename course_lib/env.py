@@ -358,6 +358,16 @@ def _fbgemm_problems(facts: EnvFacts) -> list[Problem]:
             "(plain `pip install torchrec` pulls it; install torchrec with --no-deps)",
             swap.format(install=_fbgemm_install(facts), tr=PINNED_TORCHREC) + f" (or `{_rebuild(facts)}`, which rebuilds .venv)",
         )]
+    if cuda and facts.torch_version and facts.fbgemm_import_error and not _wants_cuda_fbgemm(facts):
+        # PyPI's torch on a machine without a GPU (a plain `pip install torch` on Linux): a CUDA build, and the CUDA
+        # fbgemm-gpu that `pip install torchrec` pulled does not load beside it; the CPU fbgemm does.
+        return [Problem(
+            "fbgemm-cuda-on-cpu",
+            f"the CUDA fbgemm-gpu {cuda} is installed beside torch {facts.torch_version} (CUDA {facts.torch_cuda} "
+            "build) on a machine without a GPU, and `import fbgemm_gpu` fails (plain `pip install torchrec` pulls it; "
+            "install torchrec with --no-deps)",
+            swap.format(install=_fbgemm_install(facts), tr=PINNED_TORCHREC) + f" (or `{_rebuild(facts)}`, which rebuilds .venv)",
+        )]
     if cpu and _wants_cuda_fbgemm(facts):
         return [Problem(
             "fbgemm-cpu-on-cuda",

@@ -48,20 +48,25 @@ def only(problems: list[Problem], code: str) -> Problem:
 
 
 def test_collect_facts_sees_the_course_cpu_stack(healthy: EnvFacts) -> None:
-    assert re.fullmatch(r"2\.13\.0(\+cpu)?", healthy.torch_version or "")
+    """The CPU build (setup's, from the PyTorch CPU index or a local wheel) or PyPI's CUDA build (setup's where only
+    PyPI is reachable, and what a plain `pip install torch` gives on Linux), with the CPU fbgemm and no GPU."""
     assert healthy.fbgemm_gpu_cpu_version == "1.8.0"
     assert healthy.fbgemm_gpu_version is None
     assert healthy.torchrec_version == "1.8.0"
     assert healthy.torch_import_error is None
     assert healthy.fbgemm_import_error is None
     assert healthy.torchrec_import_error is None
-    assert healthy.torch_cuda is None and not healthy.cuda_build
+    if healthy.cuda_build:  # PyPI's wheel: its metadata says 2.13.0, torch.__version__ 2.13.0+cu130
+        assert healthy.torch_version == "2.13.0" and re.fullmatch(r"\d+\.\d+", healthy.torch_cuda or "")
+    else:
+        assert re.fullmatch(r"2\.13\.0(\+cpu)?", healthy.torch_version or "")
+        assert healthy.torch_cuda is None
+        assert not healthy.nccl_available and healthy.nccl_version is None
     assert healthy.torchmetrics_version == env.PINNED_TORCHMETRICS
     assert healthy.rec_metrics_error is None  # torchrec.metrics really computed an NE here
     assert not healthy.cuda_available and healthy.gpu_count == 0
-    assert not healthy.nccl_available and healthy.nccl_version is None
     assert healthy.cpu_count and healthy.cpu_count >= 1
-    assert healthy.python_version.startswith("3.11.")
+    assert healthy.python_version.split(".")[:2] in (["3", "11"], ["3", "12"], ["3", "13"])
     assert healthy.fbgemm_distribution == ("fbgemm-gpu-cpu", "1.8.0")
 
 
@@ -86,9 +91,12 @@ def test_healthy_facts_have_no_problem(healthy: EnvFacts) -> None:
 
 def test_nccl_on_this_cpu_machine(healthy: EnvFacts) -> None:
     p = only(diagnose(healthy, backend="nccl", world_size=2), "nccl-without-gpu")
-    assert p.severity == "error"
-    assert "CPU build" in p.summary and healthy.torch_version in p.summary
-    assert "gloo" in p.fix and "make lab CUDA=cu126" in p.fix
+    assert p.severity == "error" and "gloo" in p.fix
+    if healthy.cuda_build:  # PyPI's torch: NCCL is compiled in, but there is no GPU
+        assert f"CUDA {healthy.torch_cuda} build) sees none" in p.summary and "nvidia-smi" in p.fix
+    else:
+        assert "CPU build" in p.summary and healthy.torch_version in p.summary
+        assert "make lab CUDA=cu126" in p.fix
 
 
 def test_pins_match_the_requirements_files() -> None:
@@ -134,9 +142,16 @@ def test_the_metrics_probe_reports_a_failing_compute(monkeypatch: pytest.MonkeyP
 # ------------------------------------------------------------------------------------ broken installs
 
 
-def test_cuda_fbgemm_pulled_over_a_cpu_torch(healthy: EnvFacts) -> None:
+@pytest.fixture
+def cpu_laptop(healthy: EnvFacts) -> EnvFacts:
+    """This machine with the CPU build of torch, whichever build it has."""
+    return dataclasses.replace(healthy, torch_version="2.13.0+cpu", torch_cuda=None, cuda_available=False,
+                               gpu_count=0, nccl_available=False, nccl_version=None)
+
+
+def test_cuda_fbgemm_pulled_over_a_cpu_torch(cpu_laptop: EnvFacts) -> None:
     facts = dataclasses.replace(
-        healthy, fbgemm_gpu_version="1.8.0", fbgemm_gpu_cpu_version=None,
+        cpu_laptop, fbgemm_gpu_version="1.8.0", fbgemm_gpu_cpu_version=None,
         fbgemm_import_error=CUDA_FBGEMM_ERROR, torchrec_import_error=CUDA_FBGEMM_ERROR,
     )
     p = only(diagnose(facts), "fbgemm-cuda-on-cpu")  # the import failures are its symptoms, not new problems
@@ -146,6 +161,20 @@ def test_cuda_fbgemm_pulled_over_a_cpu_torch(healthy: EnvFacts) -> None:
     assert "pip install fbgemm-gpu-cpu==1.8.0" in p.fix
     assert "pip install --no-deps torchrec==1.8.0" in p.fix
     assert "make clean lab" in p.fix
+
+
+def test_cuda_fbgemm_beside_pypis_torch_without_a_gpu(gpu_node: EnvFacts) -> None:
+    """A plain `pip install torch torchrec` on a Linux laptop: PyPI's CUDA torch, the CUDA fbgemm-gpu, no GPU."""
+    facts = dataclasses.replace(
+        gpu_node, torch_version="2.13.0", torch_cuda="13.0", cuda_available=False, gpu_count=0,
+        fbgemm_import_error=CUDA_FBGEMM_ERROR, torchrec_import_error=CUDA_FBGEMM_ERROR,
+    )
+    p = only(diagnose(facts), "fbgemm-cuda-on-cpu")
+    assert "CUDA 13.0 build" in p.summary and "without a GPU" in p.summary and "--no-deps" in p.summary
+    assert "pip uninstall -y fbgemm-gpu fbgemm-gpu-cpu" in p.fix and "pip install fbgemm-gpu-cpu==1.8.0" in p.fix
+    assert "make clean lab" in p.fix and "CUDA=" not in p.fix
+    # where the CUDA fbgemm loads, nothing is wrong on gloo
+    assert diagnose(dataclasses.replace(facts, fbgemm_import_error=None, torchrec_import_error=None)) == []
 
 
 def test_both_fbgemm_distributions_installed(healthy: EnvFacts) -> None:

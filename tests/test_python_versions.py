@@ -6,12 +6,17 @@ Where the package index cannot be reached, those tests skip and say so.
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import importlib.util
 import io
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -101,6 +106,100 @@ def test_setup_takes_the_python_it_is_given(tmp_path):
     fake_python(tmp_path, "mypython", "3.12.7", True)
     done = choose(tmp_path, python="mypython")
     assert done.returncode == 0 and "would use mypython (Python 3.12.7)" in done.stdout, done.stderr
+
+
+# ------------------------------------------------------------------ where torch comes from
+def probe(index: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Setup's one question to the PyTorch index (SETUP_PROBE_ONLY: it says where torch would come from, builds nothing)."""
+    env = {**os.environ, "SETUP_PROBE_ONLY": "1", "PYTHON": sys.executable, "TORCH_CPU_INDEX": index,
+           "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+    env.pop("CUDA", None)
+    start = time.perf_counter()
+    done = subprocess.run(["/bin/bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=60)
+    return done, time.perf_counter() - start
+
+
+def says_it_goes_to_pypi(done: subprocess.CompletedProcess, index: str) -> None:
+    assert done.returncode == 0, done.stderr
+    assert f"the PyTorch wheel index {index} cannot be reached" in done.stderr
+    assert "PyPI's Linux torch is the CUDA 13.0 build" in done.stderr and "about 5.4 GB in .venv" in done.stderr
+    assert "TORCH_CPU_INDEX=" in done.stderr  # and how to get the CPU build after all
+    assert "would install torch from PyPI alone" in done.stdout
+
+
+@contextlib.contextmanager
+def silent_server():
+    """A port that accepts connections and never answers (a firewall that drops, a stalled proxy)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/whl/cpu"
+    finally:
+        server.close()
+
+
+def test_setup_gives_an_index_that_never_answers_5_seconds():
+    """pip retried an unreachable index for every package (155 retries, ~5 min); setup asks once, 5 s at most."""
+    with silent_server() as index:
+        done, seconds = probe(index)
+    says_it_goes_to_pypi(done, index)
+    assert "no answer within 5 s" in done.stderr
+    assert seconds < 10, seconds
+
+
+def test_setup_takes_a_refused_connection_at_once():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    index = f"http://127.0.0.1:{port}/whl/cpu"
+    done, seconds = probe(index)
+    says_it_goes_to_pypi(done, index)
+    assert seconds < 5, seconds
+
+
+@contextlib.contextmanager
+def index_server(tmp_path: Path, with_torch: bool):
+    """A local PEP 503 index (a mirror of the PyTorch CPU index), with a torch page or without one (a proxy's 404)."""
+    if with_torch:
+        (tmp_path / "whl" / "cpu" / "torch").mkdir(parents=True)
+        (tmp_path / "whl" / "cpu" / "torch" / "index.html").write_text('<a href="torch-2.13.0+cpu.whl">torch</a>')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/whl/cpu"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_setup_uses_an_index_that_lists_torch(tmp_path):
+    with index_server(tmp_path, with_torch=True) as index:
+        done, _ = probe(index)
+    assert done.returncode == 0, done.stderr
+    assert f"would install torch from {index}" in done.stdout and "cannot be reached" not in done.stderr
+
+
+def test_setup_does_not_take_any_answer_for_the_index(tmp_path):
+    """A proxy that answers every address with 404 is not the index: pip would fail on it too."""
+    with index_server(tmp_path, with_torch=False) as index:
+        done, _ = probe(index)
+    says_it_goes_to_pypi(done, index)
+    assert "HTTP 404" in done.stderr
+
+
+def test_setup_installs_from_pypi_alone_when_the_index_is_unreachable():
+    """Where the probe failed, no pip command of setup names the index (pip would retry it for every package)."""
+    script = SETUP.read_text()
+    branches = re.findall(r"say_unreachable \"\$why\"\n(.*?)\n", script)
+    assert len(branches) == 2, branches  # CUDA, CPU
+    for branch in branches:
+        assert branch.strip().startswith("pip install -r requirements/torch-"), branch
+        assert "index" not in branch, branch
+    assert script.count('say_unreachable "$why"') == 3  # the probe hook, CUDA, CPU
 
 
 # ------------------------------------------------------------------ every pin has a wheel

@@ -151,8 +151,10 @@ def run(notebooks: list[str] | None = None) -> int:
 
     if torch.version.cuda is None or torch.cuda.device_count() < MIN_GPUS:
         build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
-        print(f"test-gpu: torch {torch.__version__} ({build}) sees {torch.cuda.device_count()} GPU(s).\n{NEEDS}\n"
-              "If the GPUs are there, the .venv is the CPU one: `make clean test-gpu`.", file=sys.stderr)
+        where = ("If the GPUs are there, the .venv is the CPU one: `make clean test-gpu`." if torch.version.cuda is None
+                 else "If the GPUs are there, check `nvidia-smi` and CUDA_VISIBLE_DEVICES.")
+        print(f"test-gpu: torch {torch.__version__} ({build}) sees {torch.cuda.device_count()} GPU(s).\n{NEEDS}\n{where}",
+              file=sys.stderr)
         return 2
     paths = [REPO / "solutions" / n for n in notebooks] if notebooks else sorted((REPO / "solutions").glob("*.ipynb"))
     rows: list[Row] = []
