@@ -27,7 +27,9 @@ def test_activation_checkpointing_saves_activations_and_recomputes():
 
 def test_cpu_offload_needs_unpinned_memory_on_cpu():
     pinned = launch(parallel2d.activation_report, False, offload="pinned", world_size=2, show_ranks=[])[0]
-    assert "accelerator" in pinned["error"]
+    # the CPU build: "Cannot access accelerator device when none is available"; PyPI's CUDA build without a GPU:
+    # "Found no NVIDIA driver on your system"
+    assert "accelerator" in pinned["error"] or "NVIDIA driver" in pinned["error"], pinned["error"]
     unpinned = launch(parallel2d.activation_report, False, offload="unpinned", world_size=2, show_ranks=[])[0]
     assert unpinned["param_device"] == "cpu" and unpinned["grad_diff"] < 1e-6
 
