@@ -30,7 +30,7 @@ from pathlib import Path
 
 FILE_NAME = ".progress.json"
 PASSED, FAILED, UNWRITTEN = "passed", "failed", "unwritten"
-_CHECK_CALL = re.compile(r"\blab(?P<lab>\d\d)\.(?P<check>check_\w+)\(")
+CHECK_CALL = re.compile(r"\blab(?P<lab>\d\d)\.(?P<check>check_\w+)\(")
 _EXERCISE_TITLE = re.compile(r"^#+\s*Exercise\s+(?P<number>\d+)\s*[·:.-]?\s*(?P<title>.*)$", re.MULTILINE)
 
 
@@ -117,7 +117,7 @@ def exercises(labs_dir: Path | str = "labs") -> list[Exercise]:
                 if (heading := _EXERCISE_TITLE.search(source)) is not None:
                     title = heading.group("title").strip()
                 continue
-            for call in _CHECK_CALL.finditer(source):
+            for call in CHECK_CALL.finditer(source):
                 number += 1
                 argument = source[call.end():].split(",")[0].split(")")[0].strip()
                 found.append(Exercise(call.group("lab"), path.stem, number, call.group("check"), argument, title))

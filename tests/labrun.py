@@ -20,8 +20,9 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.progress import CHECK_CALL  # every labNN.check_...( call: one exercise
+
 REPO = Path(__file__).resolve().parents[1]
-CHECK_CALL = re.compile(r"\blab\d\d\.check_\w+\(")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

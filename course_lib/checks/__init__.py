@@ -406,17 +406,21 @@ def _use_reference(lab: str, check: Callable[..., Any], namespace: dict[str, Any
             "run your cell again to use yours")
 
 
-def _record(lab: str, check: Callable[..., Any], verdict: str, name: str) -> dict | None:
-    from course_lib import progress
-
-    return progress.record(lab, check.__name__, verdict, answer=name)
-
-
 def _passed_before(before: dict | None) -> tuple[str, ...]:
     if before and before.get("last_passed") and before.get("verdict") == "passed":
         when = str(before["last_passed"]).replace("T", " ")[:16]
         return (f"(this exercise passed at {when}: what changed since?)",)
     return ()
+
+
+def _keep_path_open(lab: str, check: Callable[..., Any], namespace: dict[str, Any], name: str,
+                    unwritten: bool) -> tuple[str, ...]:
+    """After a check that did not pass, from a notebook: record the verdict, put the reference answer in place,
+    and return the lines that say so (with when the exercise last passed, for a written answer that fails now)."""
+    from course_lib import progress
+
+    before = progress.record(lab, check.__name__, "unwritten" if unwritten else "failed", answer=name)
+    return (() if unwritten else _passed_before(before)) + (_use_reference(lab, check, namespace, unwritten),)
 
 
 def exercise(check: Check) -> Check:
@@ -446,28 +450,22 @@ def exercise(check: Check) -> Check:
         except CheckFailed as failure:
             unwritten = _unwritten(failure.__cause__ or failure.__context__)
             problem, hint = (f"{name} is not written yet", UNWRITTEN_HINT) if unwritten else (failure.problem, failure.hint)
-            notes: tuple[str, ...] = failure.notes
+            notes = failure.notes
             if namespace is not None and lab:
-                before = _record(lab, check, "unwritten" if unwritten else "failed", name)
-                notes += () if unwritten else _passed_before(before)
-                notes += (_use_reference(lab, check, namespace, unwritten),)
-            if unwritten:
-                raise CheckFailed(problem, hint, notes) from None
-            raise CheckFailed(problem, hint, notes) from failure.__cause__
+                notes += _keep_path_open(lab, check, namespace, name, unwritten)
+            raise CheckFailed(problem, hint, notes) from (None if unwritten else failure.__cause__)
         except Exception as error:  # noqa: BLE001  (re-raised unless it is the stub's)
             unwritten = _unwritten(error)
-            if namespace is not None and lab:
-                _record(lab, check, "unwritten" if unwritten else "failed", name)
-                note = _use_reference(lab, check, namespace, unwritten)
-                if not unwritten:
-                    error.add_note(note)
-                    raise
-                raise CheckFailed(f"{name} is not written yet", UNWRITTEN_HINT, (note,)) from None
+            notes = _keep_path_open(lab, check, namespace, name, unwritten) if namespace is not None and lab else ()
             if not unwritten:
+                for note in notes:
+                    error.add_note(note)
                 raise
-            fail(f"{name} is not written yet", UNWRITTEN_HINT)
+            raise CheckFailed(f"{name} is not written yet", UNWRITTEN_HINT, notes) from None
         if namespace is not None and lab:
-            _record(lab, check, "passed", name)
+            from course_lib import progress
+
+            progress.record(lab, check.__name__, "passed", answer=name)
         return result
 
     return checked  # type: ignore[return-value]
