@@ -50,9 +50,12 @@ def test_a_pass_a_later_failure_and_an_untouched_exercise(kernel, tmp_path: Path
     again = kernel.run(CHECK)
     assert again.ename == "CheckFailed" and "is the course's reference answer, not yours" in _lines(again)
     assert json.loads(record.read_text())["00"]["check_fixes"]["verdict"] == "failed"  # not counted as a pass
+    # a table filled with the answer after the check labels it as the reference's, not the learner's
+    assert kernel.run("from course_lib.checks import whose\nprint(whose(fixes))").stdout.strip() == "reference"
 
     kernel.run(RIGHT)  # the learner's own answer always wins once its cell runs again
     assert kernel.run(CHECK).stdout.startswith("✓")
+    assert kernel.run("print(whose(fixes), whose(fixes, len))").stdout.strip() == "your your"
     assert "00_setup: 1 of 3" in progress.report(REPO / "labs", record)
 
 

@@ -384,6 +384,15 @@ def _is_reference(value: Any) -> bool:
     return getattr(value, REFERENCE_MARK, False) is True
 
 
+def whose(*answers: Any) -> str:
+    """"your" when every answer is the learner's, "reference" when the course's reference stands in for one.
+
+    For the labels of the tables and lines that a lab fills with an exercise's answer after its check:
+    ``f"{whose(bytes_per_rank)} prediction"`` reads "your prediction" or "reference prediction".
+    """
+    return "reference" if any(_is_reference(answer) for answer in answers) else "your"
+
+
 def _use_reference(lab: str, check: Callable[..., Any], namespace: dict[str, Any], unwritten: bool) -> str:
     """Put the course's reference answer of `check` in the notebook's `namespace`; the one line that says so."""
     from course_lib import reference
