@@ -1,6 +1,7 @@
 """The 05_sparse_optimizers checks accept the solutions and reject plausible wrong answers."""
 from __future__ import annotations
 
+import math
 import sys
 
 import cloudpickle
@@ -212,84 +213,144 @@ MEASURED = {  # what the lab measured on rank 0
     EmbOptimType.EXACT_ADAGRAD: ROWS // WORLD * DIM * 4,
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: ROWS // WORLD * 4,
 }
+PER_ROW = {EmbOptimType.EXACT_SGD: lambda columns: 0, EmbOptimType.EXACT_ADAGRAD: lambda columns: columns,
+           EmbOptimType.EXACT_ROWWISE_ADAGRAD: lambda columns: 1}
 
 
-def state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer):
-    per_row = {EmbOptimType.EXACT_SGD: 0, EmbOptimType.EXACT_ADAGRAD: embedding_dim, EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1}
-    return num_rows // world_size * per_row[optimizer] * 4
+def state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding):  # the solution's
+    if sharding == "row_wise":
+        block = -(-num_rows // world_size)
+        rows = [max(0, min(block, num_rows - rank * block)) for rank in range(world_size)]
+        columns = embedding_dim
+    elif sharding == "column_wise":
+        rows, columns = [num_rows] * world_size, embedding_dim // world_size
+    else:
+        rows, columns = [num_rows] + [0] * (world_size - 1), embedding_dim
+    return [r * PER_ROW[optimizer](columns) * 4 for r in rows]
 
 
-def per_element_rowwise(num_rows, embedding_dim, world_size, optimizer):
-    if optimizer == EmbOptimType.EXACT_SGD:
-        return 0
-    return num_rows // world_size * embedding_dim * 4
+def even_rows(num_rows, embedding_dim, world_size, optimizer, sharding):  # the lab's formula: rows divide
+    if sharding == "row_wise":
+        return [num_rows // world_size * PER_ROW[optimizer](embedding_dim) * 4] * world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def whole_table(num_rows, embedding_dim, world_size, optimizer):
-    return state_bytes_per_rank(num_rows, embedding_dim, 1, optimizer)
+def full_blocks(num_rows, embedding_dim, world_size, optimizer, sharding):  # ceil on every rank, the last too
+    if sharding == "row_wise":
+        return [math.ceil(num_rows / world_size) * PER_ROW[optimizer](embedding_dim) * 4] * world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def values_not_bytes(num_rows, embedding_dim, world_size, optimizer):
-    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer) // 4
+def remainder_to_the_last(num_rows, embedding_dim, world_size, optimizer, sharding):  # floor each, the rest last
+    if sharding == "row_wise":
+        rows = [num_rows // world_size] * world_size
+        rows[-1] += num_rows - sum(rows)
+        return [r * PER_ROW[optimizer](embedding_dim) * 4 for r in rows]
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def two_states(num_rows, embedding_dim, world_size, optimizer):
-    factor = 2 if optimizer == EmbOptimType.EXACT_ADAGRAD else 1
-    return factor * state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
+def column_wise_as_row_wise(num_rows, embedding_dim, world_size, optimizer, sharding):
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer,
+                                "row_wise" if sharding == "column_wise" else sharding)
 
 
-def sgd_with_a_momentum(num_rows, embedding_dim, world_size, optimizer):
-    if optimizer == EmbOptimType.EXACT_SGD:
-        return num_rows // world_size * embedding_dim * 4
-    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
+def row_state_split_by_columns(num_rows, embedding_dim, world_size, optimizer, sharding):
+    # "a rank holds 1/W of the table, so 1/W of its state": right for Adagrad, not for row-wise Adagrad
+    if sharding == "column_wise" and optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+        return [num_rows // world_size * 4] * world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def weights_and_state(num_rows, embedding_dim, world_size, optimizer):
-    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer) + num_rows // world_size * embedding_dim * 4
+def column_shards_of_full_width(num_rows, embedding_dim, world_size, optimizer, sharding):
+    if sharding == "column_wise":
+        return [num_rows * PER_ROW[optimizer](embedding_dim) * 4] * world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def weights_and_state_but_not_for_sgd(num_rows, embedding_dim, world_size, optimizer):
-    if optimizer == EmbOptimType.EXACT_SGD:
-        return 0
-    return weights_and_state(num_rows, embedding_dim, world_size, optimizer)
+def table_wise_spread(num_rows, embedding_dim, world_size, optimizer, sharding):
+    if sharding == "table_wise":
+        whole = state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)[0]
+        return [whole // world_size] * world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def half_precision(num_rows, embedding_dim, world_size, optimizer):
-    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer) // 2
+def table_wise_everywhere(num_rows, embedding_dim, world_size, optimizer, sharding):
+    if sharding == "table_wise":
+        return [state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)[0]] * world_size
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def the_measurement_looked_up(num_rows, embedding_dim, world_size, optimizer):
-    return MEASURED[optimizer]
+def values_not_bytes(num_rows, embedding_dim, world_size, optimizer, sharding):
+    return [b // 4 for b in state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)]
 
 
-def the_lab_width(num_rows, embedding_dim, world_size, optimizer):  # 16 typed in for embedding_dim
-    return state_bytes_per_rank(num_rows, 16, world_size, optimizer)
-
-
-def the_lab_world(num_rows, embedding_dim, world_size, optimizer):  # 2 typed in for world_size
-    return state_bytes_per_rank(num_rows, embedding_dim, 2, optimizer)
-
-
-def true_division(num_rows, embedding_dim, world_size, optimizer):  # num_rows / world_size: a float
-    per_row = {EmbOptimType.EXACT_SGD: 0, EmbOptimType.EXACT_ADAGRAD: embedding_dim, EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1}
-    return num_rows / world_size * per_row[optimizer] * 4
-
-
-def a_sixteenth_of_adagrad(num_rows, embedding_dim, world_size, optimizer):  # section 4's 1/16, for every width
+def per_element_rowwise(num_rows, embedding_dim, world_size, optimizer, sharding):
     if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
-        return state_bytes_per_rank(num_rows, embedding_dim, world_size, EmbOptimType.EXACT_ADAGRAD) // 16
-    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)
+        optimizer = EmbOptimType.EXACT_ADAGRAD
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
 
 
-def as_text(num_rows, embedding_dim, world_size, optimizer):  # formatted for printing
-    return f"{state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)}"
+def two_states(num_rows, embedding_dim, world_size, optimizer, sharding):
+    factor = 2 if optimizer == EmbOptimType.EXACT_ADAGRAD else 1
+    return [factor * b for b in state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)]
 
 
-def test_state_bytes_check_accepts_a_numpy_integer(capsys):
-    import numpy as np
+def weights_and_state(num_rows, embedding_dim, world_size, optimizer, sharding):
+    weights = state_bytes_per_rank(num_rows, embedding_dim, world_size, EmbOptimType.EXACT_ADAGRAD, sharding)
+    return [w + b for w, b in zip(weights, state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding))]
 
-    lab05.check_state_bytes(lambda *args: np.int64(state_bytes_per_rank(*args)), MEASURED, ROWS, DIM, WORLD)
-    assert capsys.readouterr().out.startswith("✓")
+
+def the_lab_width(num_rows, embedding_dim, world_size, optimizer, sharding):  # 16 typed in for embedding_dim
+    return state_bytes_per_rank(num_rows, 16, world_size, optimizer, sharding)
+
+
+def a_sixteenth_of_adagrad(num_rows, embedding_dim, world_size, optimizer, sharding):  # section 4's 1/16
+    if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+        adagrad = state_bytes_per_rank(num_rows, embedding_dim, world_size, EmbOptimType.EXACT_ADAGRAD, sharding)
+        return [b // 16 for b in adagrad]
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)
+
+
+def one_number(num_rows, embedding_dim, world_size, optimizer, sharding):  # exercise 3's old answer: rank 0 only
+    return state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)[0]
+
+
+def true_division(num_rows, embedding_dim, world_size, optimizer, sharding):  # num_rows / world_size: floats
+    return [num_rows / world_size * PER_ROW[optimizer](embedding_dim) * 4] * world_size
+
+
+def the_lab_world(num_rows, embedding_dim, world_size, optimizer, sharding):  # 2 ranks typed in
+    return state_bytes_per_rank(num_rows, embedding_dim, 2, optimizer, sharding)
+
+
+def the_checks_world(num_rows, embedding_dim, world_size, optimizer, sharding):  # 2 for the lab, 3 otherwise
+    return state_bytes_per_rank(num_rows, embedding_dim, 2 if num_rows == ROWS else 3, optimizer, sharding)
+
+
+@pytest.fixture(scope="module")
+def measured_once():
+    """A launch that measures fbgemm once and hands the same per-rank results to every wrong answer's check."""
+    from course_lib import launch
+
+    cache = {}
+
+    def cached_launch(fn, *args, **kwargs):
+        key = (fn.__name__, repr(args), kwargs.get("world_size"))
+        if key not in cache:
+            cache[key] = launch(fn, *args, **kwargs)
+        return cache[key]
+
+    return cached_launch
+
+
+def test_the_formula_is_what_fbgemm_holds_on_4_ranks():  # the cases the check computes rather than measures
+    from course_lib import launch
+
+    cases = [(1_001, 32, "row_wise"), (5, 8, "row_wise"), (64, 16, "column_wise"), (96, 8, "table_wise")]
+    cases = [(r, d, s, o) for r, d, s in cases for o in PER_ROW]
+    per_rank = launch(lab05.measure_state_bytes, cases, world_size=4, show_ranks=[])
+    for i, (rows, dim, sharding, optimizer) in enumerate(cases):
+        assert [held[i] for held in per_rank] == lab05._state_bytes(rows, dim, 4, optimizer, sharding), cases[i]
 
 
 def test_state_bytes_check_accepts_the_solution(capsys):
@@ -297,28 +358,41 @@ def test_state_bytes_check_accepts_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def test_state_bytes_check_accepts_numpy_integers_and_a_tuple(capsys, measured_once):
+    import numpy as np
+
+    lab05.check_state_bytes(lambda *args: tuple(np.int64(b) for b in state_bytes_per_rank(*args)),
+                            MEASURED, ROWS, DIM, WORLD, launch=measured_once)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (per_element_rowwise, "one value per row, not one per element"),
-        (whole_table, "num_rows / world_size"),
+        (even_rows, r"10, 12, 3, EXACT_ADAGRAD, 'row_wise'\) = \[144, 144, 144\]; fbgemm measured \[192, 192, 96\]"
+                    r"\n.*ceil\(num_rows / world_size\)"),
+        (full_blocks, "the last ranks hold what is left"),
+        (remainder_to_the_last, r"= \[144, 144, 192\]; fbgemm measured \[192, 192, 96\]"),
+        (column_wise_as_row_wise, "column-wise is not row-wise: every rank holds every row"),
+        (row_state_split_by_columns, "EXACT_ROWWISE_ADAGRAD, 'column_wise'.*\n.*one value per row in every shard"),
+        (column_shards_of_full_width, "embedding_dim / world_size of the columns"),
+        (table_wise_spread, "table-wise does not split the table"),
+        (table_wise_everywhere, "table-wise places the table on rank 0 only"),
         (values_not_bytes, "4 bytes"),
+        (per_element_rowwise, "one value per row, not one per element"),
         (two_states, "two states is Adam"),
-        (sgd_with_a_momentum, "SGD keeps no state"),
         (weights_and_state, "SGD keeps no state .*weights are not optimizer state"),
-        (weights_and_state_but_not_for_sgd, "weights are not optimizer state"),
-        (half_precision, "fp32"),
-        (the_measurement_looked_up, "expected"),
         (the_lab_width, "use the embedding_dim argument"),
-        (the_lab_world, "use the world_size argument"),
-        (true_division, "returned 0.0, a float: a byte count is a whole number"),
-        (as_text, "returned '0', a str"),
-        (a_sixteenth_of_adagrad, "1,000, 64, 4, EXACT_ROWWISE_ADAGRAD\\) = 4,000; expected 1,000\n.*1/16 only for the lab's"),
+        (a_sixteenth_of_adagrad, r"10, 12, 3, EXACT_ROWWISE_ADAGRAD, 'row_wise'\).*\n.*1/16 only"),
+        (one_number, "expected a list of 2 byte counts, one per rank"),
+        (true_division, "a float: a byte count is a whole number"),
+        (the_lab_world, "expected a list of 3 byte counts"),
+        (the_checks_world, "expected a list of 4 byte counts"),
     ],
 )
-def test_state_bytes_check_rejects_wrong_answers(wrong, words):
+def test_state_bytes_check_rejects_wrong_answers(wrong, words, measured_once):
     with pytest.raises(CheckFailed, match=words):
-        lab05.check_state_bytes(wrong, MEASURED, ROWS, DIM, WORLD)
+        lab05.check_state_bytes(wrong, MEASURED, ROWS, DIM, WORLD, launch=measured_once)
 
 
 def test_state_bytes_check_rejects_a_wrong_measurement():

@@ -179,13 +179,163 @@ def test_app_state_check_rejects_wrong_answers(wrong, words):
 # ------------------------------------------------------------------------------------------ exercise 2
 
 
-def save(app, root):
+def save(app, root, keep=2):  # the solution's
+    import shutil
+    from pathlib import Path
+
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     from course_lib import checkpoint
 
     folder = os.path.join(root, checkpoint.step_folder(app.step))
     dcp.save({"app": app}, checkpoint_id=folder)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        complete = sorted(p for p in Path(root).glob("step_*") if (p / ".metadata").is_file())
+        for old in complete[:-keep]:
+            shutil.rmtree(old)
+    return folder
+
+
+def _complete(root):
+    from pathlib import Path
+
+    return sorted(p for p in Path(root).glob("step_*") if (p / ".metadata").is_file())
+
+
+def save_then_prune_without_a_barrier(app, root, keep=2):  # accepted: dcp.save returns once the checkpoint is whole
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    if dist.get_rank() == 0:
+        for old in _complete(root)[:-keep]:
+            shutil.rmtree(old)
+    return folder
+
+
+def prune_before_save(app, root, keep=2):  # makes room first: a failed save leaves keep - 1
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    if dist.get_rank() == 0:
+        for old in _complete(root)[:-(keep - 1) or None]:
+            shutil.rmtree(old)
+    dist.barrier()
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
+def every_rank_prunes(app, root, keep=2):  # ignore_errors hides the race, not the second deleter
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    dist.barrier()
+    for old in _complete(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def keep_the_oldest(app, root, keep=2):
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for old in _complete(root)[keep:]:
+            shutil.rmtree(old)
+    return folder
+
+
+def keep_one_more(app, root, keep=2):  # "keep old ones besides the new one"
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for old in _complete(root)[:-keep - 1]:
+            shutil.rmtree(old)
+    return folder
+
+
+def keep_two_always(app, root, keep=2):  # the lab's default typed in
+    return save(app, root, 2)
+
+
+def save_without_keep(app, root):  # exercise 2's first version: no keep at all
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    return folder
+
+
+def swallow_a_failed_save(app, root, keep=2):  # "a save must never crash the job"
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    try:
+        dcp.save({"app": app}, checkpoint_id=folder)
+    except BaseException:
+        pass
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for old in _complete(root)[:-keep]:
+            shutil.rmtree(old)
+    return folder
+
+
+def count_every_step_folder(app, root, keep=2):  # a failed save's folder counted as a checkpoint
+    import shutil
+    from pathlib import Path
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from course_lib import checkpoint
+
+    folder = os.path.join(root, checkpoint.step_folder(app.step))
+    dcp.save({"app": app}, checkpoint_id=folder)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for old in sorted(Path(root).glob("step_*"))[:-keep]:
+            shutil.rmtree(old)
     return folder
 
 
@@ -317,6 +467,40 @@ def save_into_the_folder_the_check_shows(app, root):  # the ✓ line's step_0000
 def test_save_check_accepts_the_solution(capsys):
     lab08.check_save(save)
     assert capsys.readouterr().out.startswith("✓")
+
+
+def test_save_check_accepts_pruning_without_a_barrier(capsys):
+    lab08.check_save(save_then_prune_without_a_barrier)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (prune_before_save, r"step 10; afterwards the complete checkpoints are \[step_000008, step_000009\], expected "
+                            r"\[step_000007, step_000008, step_000009\] still there"),
+        (every_rank_prunes, r"ranks \[0, 1\] all delete old checkpoints"),
+        (keep_the_oldest, "expected the newest 3, .*step_000007, step_000008, step_000009.*\n.*not the oldest"),
+        (keep_one_more, "are \\[step_000006, step_000007, step_000008, step_000009\\]; .*\n.*counting the one just written"),
+        (keep_two_always, "are \\[step_000008, step_000009\\]; expected the newest 3"),
+        (save_without_keep, "keep as its third argument"),
+        (swallow_a_failed_save, "save returned normally on rank\\(s\\) \\[0, 1\\]"),
+        (count_every_step_folder, "without DCP's .metadata: it is not a checkpoint"),
+    ],
+)
+def test_save_check_refuses_a_wrong_keep(wrong, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab08.check_save(wrong)
+
+
+def test_save_check_refuses_a_deletion_before_the_new_checkpoint_is_complete():
+    # the backstop behind the failure injection: every list right, but rank 0 removed a folder mid-save
+    good = {"kept": [7, 8, 9], "failed save raised": True, "after failure": [7, 8, 9], "after recovery": [8, 9, 11]}
+    early = {"call": "rmtree", "path": "/tmp/x/step_000006", "new one complete": False}
+    reports = [{"default kept": [3, 5], "keep": {**good, "deletions": [early]}},
+               {"default kept": [3, 5], "keep": {**good, "deletions": []}}]
+    with pytest.raises(CheckFailed, match="deleted step_000006 before the checkpoint it was writing was complete"):
+        lab08._judge_keep(reports)
 
 
 @pytest.mark.parametrize(

@@ -334,14 +334,59 @@ def _judge_combined(reports: list[dict[str, Any]], where: str, generic: str) -> 
 
 # ------------------------------------------------------------------------------------------ exercise 3
 
-_EXTRA_CASES = [(1_000, 64, 4), (4_096, 8, 8), (30_000, 128, 2)]
+SHARDINGS = ("row_wise", "column_wise", "table_wise")
+_CHECK_WORLD = 3  # the check measures on 3 ranks: rows that do not divide, a last rank with fewer or none
+# (num_rows, embedding_dim, sharding) measured by fbgemm on _CHECK_WORLD ranks, for each optimizer: 10 rows give
+# 4, 4, 2; 4 rows give 2, 2, 0; 24 columns give three shards of 8 columns that each hold every row
+_MEASURED_CASES = ((10, 12, "row_wise"), (4, 12, "row_wise"), (1_000, 24, "column_wise"), (10, 12, "table_wise"))
+# sizes the check does not measure (the formula that the tests prove against measurements): other world sizes
+_EXTRA_CASES = ((1_001, 32, 4, "row_wise"), (5, 8, 8, "row_wise"), (4_096, 64, 8, "column_wise"),
+                (30_000, 128, 4, "column_wise"), (4_096, 8, 4, "table_wise"))
 
 
-def _state_bytes(num_rows: int, embedding_dim: int, world_size: int, optimizer: Any) -> int:
-    """The answer: fp32 state of a table sharded row-wise over `world_size` ranks (rows divide evenly)."""
-    rows = num_rows // world_size
-    per_row = {"exact_sgd": 0, "exact_adagrad": embedding_dim, "exact_row_wise_adagrad": 1}[str(optimizer)]
-    return rows * per_row * 4
+def _rows_on_ranks(num_rows: int, world_size: int) -> list[int]:
+    """torchrec's row-wise split: blocks of ceil(num_rows / world_size) rows in rank order, the rest to the last."""
+    block = -(-num_rows // world_size)
+    return [max(0, min(block, num_rows - rank * block)) for rank in range(world_size)]
+
+
+def _values_per_row(optimizer: Any, columns: int) -> int:
+    return {"exact_sgd": 0, "exact_adagrad": columns, "exact_row_wise_adagrad": 1}[str(optimizer)]
+
+
+def _state_bytes(num_rows: int, embedding_dim: int, world_size: int, optimizer: Any, sharding: str) -> list[int]:
+    """The answer: the fp32 state of the fused optimizer on each rank, for one table sharded by `sharding`."""
+    if sharding == "row_wise":
+        rows, columns = _rows_on_ranks(num_rows, world_size), embedding_dim
+    elif sharding == "column_wise":  # every rank a shard of embedding_dim / world_size columns, with every row
+        rows, columns = [num_rows] * world_size, embedding_dim // world_size
+    else:  # table_wise: the whole table on rank 0
+        rows, columns = [num_rows] + [0] * (world_size - 1), embedding_dim
+    return [r * _values_per_row(optimizer, columns) * 4 for r in rows]
+
+
+def measure_state_bytes(cases: list[tuple[int, int, str, Any]]) -> list[int]:
+    """On every rank: for each (num_rows, embedding_dim, sharding, optimizer), one table sharded that way over all
+    ranks on the fused kernel (table-wise on rank 0), and the bytes of fused optimizer state this rank holds."""
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagConfig
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+
+    from course_lib import optimizers, planning, training
+
+    world_size = dist.get_world_size()
+    held = []
+    for num_rows, dim, sharding, optimizer in cases:
+        tables = [EmbeddingBagConfig(name="t_state", embedding_dim=dim, num_embeddings=num_rows, feature_names=["f"])]
+        generator = {"row_wise": row_wise(compute_kernel="fused"), "table_wise": table_wise(rank=0, compute_kernel="fused"),
+                     "column_wise": column_wise(ranks=list(range(world_size)), compute_kernel="fused")}[sharding]
+        sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": optimizer, "learning_rate": 0.1})
+        plan = planning.hand_plan(tables, {"t_state": generator}, world_size=world_size, sharder=sharder)
+        model = DistributedModelParallel(planning.meta_ebc(tables), device=training.device(), plan=plan, sharders=[sharder])
+        held.append(optimizers.state_bytes(model.fused_optimizer))
+    return held
 
 
 def _is_int(value: Any) -> bool:
@@ -351,101 +396,136 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-_PROBE = (30_000, 32, 3)  # sizes where the usual mistakes give different numbers: the diagnosis runs here
-
-
-def _diagnose(state_bytes_per_rank: Callable[[int, int, int, Any], Any], optimizer: Any) -> str:
-    """A hint for a wrong formula, from its answer at sizes where each usual mistake gives its own number."""
+def _diagnose(got: list[int], rows: int, dim: int, ranks: int, optimizer: Any, sharding: str) -> str:
+    """A hint for a wrong answer: which usual mistake gives exactly `got` for this case."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    rows, dim, ranks = _PROBE
-    want = _state_bytes(rows, dim, ranks, optimizer)
-    try:
-        got = int(state_bytes_per_rank(rows, dim, ranks, optimizer))
-    except Exception:
-        got = None
-    if optimizer == EmbOptimType.EXACT_ADAGRAD and got is not None and got != want:
-        try:  # the lab's 16 typed in for embedding_dim: the answer at another width is still 16 wide
-            wider = int(state_bytes_per_rank(rows, 3 * 16, ranks, optimizer))
-        except Exception:
-            wider = None
-        if wider == _state_bytes(rows, 16, ranks, optimizer):
-            return "use the embedding_dim argument: 16 is the lab's table, not every table"
-    if got is not None and got != want and got == _state_bytes(rows, dim, 2, optimizer):
-        return "use the world_size argument: 2 is the lab's world, not every world"
-    if optimizer == EmbOptimType.EXACT_ADAGRAD and got == 2 * want:
-        return (
-            "twice Adagrad's state: Adagrad keeps one sum of squared gradients per element (two states is Adam; "
-            "and the table's weights are not optimizer state)"
-        )
-    if optimizer == EmbOptimType.EXACT_SGD:
+    want = _state_bytes(rows, dim, ranks, optimizer, sharding)
+    name = str(optimizer)
+    as_row_wise = _state_bytes(rows, dim, ranks, optimizer, "row_wise")
+    weights = _state_bytes(rows, dim, ranks, EmbOptimType.EXACT_ADAGRAD, sharding)  # as large as Adagrad's state
+    if name == "exact_sgd":
         return "plain SGD keeps no state at all (no momentum; and the table's weights are not optimizer state)"
-    if got is not None and got == want + rows // ranks * dim * 4:
-        return "that counts the table's weights too; the question is the optimizer's state alone"
-    if got == want * ranks:
-        return "each rank holds num_rows / world_size rows of a row-wise table, and their state only"
-    if got is not None and got * 4 == want:
+    if got == [w // 4 for w in want] and any(want):
         return "that counts values; each fp32 value takes 4 bytes"
-    if got is not None and got * 2 == want:
+    if got == [w // 2 for w in want] and any(want):
         return "the state is fp32 (4 bytes a value), even where tables are fp16"
-    if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and got is not None and got * 16 == want * dim:
-        return ("row-wise Adagrad keeps one value per row: 1/embedding_dim of Adagrad's state, which is 1/16 only "
-                "for the lab's 16-wide table")
-    if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and got == want * dim:
-        return "row-wise Adagrad keeps one value per row, not one per element"
-    if optimizer == EmbOptimType.EXACT_ADAGRAD and got == want // dim:
-        return "(per-element) Adagrad keeps one value per element: rows x dim"
-    return "bytes = (rows on this rank) x (state values per row) x 4"
+    if name == "exact_adagrad" and got == [2 * w for w in want] and any(want):
+        return ("twice Adagrad's state: Adagrad keeps one sum of squared gradients per element (two states is Adam; "
+                "and the table's weights are not optimizer state)")
+    if got == [s + w for s, w in zip(want, weights)]:
+        return "that counts the table's weights too; the question is the optimizer's state alone"
+    if dim != 16 and got == _state_bytes(rows, 16, ranks, optimizer, sharding):
+        return "use the embedding_dim argument: 16 is the lab's table, not every table"
+    if name == "exact_row_wise_adagrad":
+        per_element = _state_bytes(rows, dim, ranks, EmbOptimType.EXACT_ADAGRAD, sharding)
+        if got == per_element:
+            return "row-wise Adagrad keeps one value per row, not one per element"
+        if got == [b // 16 for b in per_element]:
+            return ("row-wise Adagrad keeps one value per row: 1/embedding_dim of Adagrad's state, which is 1/16 only "
+                    "for the lab's 16-wide table")
+    if name == "exact_adagrad" and got == [b // dim for b in want]:
+        return "(per-element) Adagrad keeps one value per element: rows x columns"
+    if sharding == "row_wise":
+        even = [rows // ranks * _values_per_row(optimizer, dim) * 4] * ranks
+        block = [-(-rows // ranks) * _values_per_row(optimizer, dim) * 4] * ranks
+        if got == even:
+            return ("num_rows // world_size is right only when the rows divide: torchrec gives the ranks blocks of "
+                    "ceil(num_rows / world_size) rows in rank order, and the last ranks what is left")
+        if got == block:
+            return "the last ranks hold what is left of the rows after the full blocks, possibly none: not a full block"
+    if sharding == "column_wise":
+        if name == "exact_row_wise_adagrad" and all(g < rows * 4 for g in got):
+            return ("each column shard is a table of its own for fbgemm, with every row: row-wise Adagrad keeps one "
+                    "value per row in every shard, so each rank keeps num_rows values, however few its columns")
+        if got == as_row_wise:
+            return ("column-wise is not row-wise: every rank holds every row, and embedding_dim / world_size of the "
+                    "columns")
+        if name == "exact_adagrad" and got == [rows * dim * 4] * ranks:
+            return "each rank holds embedding_dim / world_size of the columns, and Adagrad's state for those only"
+    if sharding == "table_wise":
+        if got == as_row_wise or got == [want[0] // ranks] * ranks:
+            return "table-wise does not split the table: it lives whole on rank 0, and the other ranks hold none of it"
+        if got == [want[0]] * ranks:
+            return "table-wise places the table on rank 0 only: the other ranks hold no part of it, and no state"
+    return ("bytes on a rank = (rows it holds) x (state values per row of its shard) x 4; the rows and columns a "
+            "rank holds depend on the sharding")
 
 
-@exercise
-def check_state_bytes(
-    state_bytes_per_rank: Callable[[int, int, int, Any], Any],
-    measured: Mapping[Any, int],
-    num_rows: int,
-    embedding_dim: int,
-    world_size: int,
-) -> None:
-    """`state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer)` must predict the fused optimizer
-    state (bytes, on one rank) of a table sharded row-wise over `world_size` ranks.
-
-    `measured` maps each EmbOptimType measured in the lab to the bytes rank 0 held for a `num_rows` x
-    `embedding_dim` table on `world_size` ranks; the prediction must match each, and the formula must also
-    hold for a few other sizes.
-    """
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    optimizer_types = [EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD]
-    for optimizer in optimizer_types:
-        if optimizer in measured and measured[optimizer] != _state_bytes(num_rows, embedding_dim, world_size, optimizer):
-            fail(f"the measurement for {optimizer.name} ({measured[optimizer]:,} bytes) is not the one section 4 made",
-                 "pass the dictionary that section 4 built from its measurement")
-    cases = [(num_rows, embedding_dim, world_size, o, measured.get(o)) for o in optimizer_types]
-    cases += [(r, d, w, o, None) for r, d, w in _EXTRA_CASES for o in optimizer_types]
-    for rows, dim, ranks, optimizer, seen in cases:
-        want = _state_bytes(rows, dim, ranks, optimizer)
-        call = f"state_bytes_per_rank({rows:,}, {dim}, {ranks}, {optimizer.name})"
+def _judge_state_bytes(state_bytes_per_rank: Callable[..., Any],
+                       cases: list[tuple[int, int, int, Any, str, list[int] | None]]) -> None:
+    """Fail at the first case (rows, dim, ranks, optimizer, sharding, measured bytes per rank or None) where the
+    answer is not the bytes on each rank (measured, or else the formula's)."""
+    for rows, dim, ranks, optimizer, sharding, seen in cases:
+        want = seen if seen is not None else _state_bytes(rows, dim, ranks, optimizer, sharding)
+        call = f"state_bytes_per_rank({rows:,}, {dim}, {ranks}, {optimizer.name}, {sharding!r})"
         try:
-            answer = checked_call("state_bytes_per_rank", state_bytes_per_rank, rows, dim, ranks, optimizer)
+            answer = checked_call("state_bytes_per_rank", state_bytes_per_rank, rows, dim, ranks, optimizer, sharding)
         except CheckFailed:
             raise
         except Exception as error:
             raise_if_unwritten(error)
-            fail(f"{call} raised {one_line(error)}")
-        if not _is_int(answer):
-            fail(f"{call} returned {answer!r}, a {type(answer).__name__}: a byte count is a whole number, and the "
-                 "caller sizes buffers and budgets with it",
-                 "num_rows / world_size is a float (a fraction of a row when they do not divide): keep ints with "
-                 "num_rows // world_size")
-        got = int(answer)
+            fail(f"{call} raised {one_line(error)}",
+                 "the check asks for every sharding of " + ", ".join(SHARDINGS) + ", and for world sizes other than 2")
+        if not isinstance(answer, (list, tuple)) or len(answer) != ranks:
+            fail(f"{call} returned {answer!r}: expected a list of {ranks} byte counts, one per rank",
+                 "ranks can hold different amounts of state: return [bytes on rank 0, bytes on rank 1, ...]")
+        wrong_type = next((value for value in answer if not _is_int(value)), None)
+        if wrong_type is not None:
+            fail(f"{call} returned {answer!r}, with {wrong_type!r}, a {type(wrong_type).__name__}: a byte count is a "
+                 "whole number, and the caller sizes buffers and budgets with it",
+                 "num_rows / world_size is a float (a fraction of a row when they do not divide): count whole rows "
+                 "with integer arithmetic (// and math.ceil)")
+        got = [int(value) for value in answer]
         if got == want:
             continue
-        source = f"measured {seen:,}" if seen is not None else f"expected {want:,}"
-        problem = f"state_bytes_per_rank({rows:,}, {dim}, {ranks}, {optimizer.name}) = {got:,}; {source}"
-        fail(problem, _diagnose(state_bytes_per_rank, optimizer))
+        source = "fbgemm measured" if seen is not None else "expected"
+        fail(f"{call} = {got}; {source} {want}", _diagnose(got, rows, dim, ranks, optimizer, sharding))
+
+
+@exercise
+def check_state_bytes(
+    state_bytes_per_rank: Callable[..., Any],
+    measured: Mapping[Any, int],
+    num_rows: int,
+    embedding_dim: int,
+    world_size: int,
+    launch: Callable[..., list[Any]] | None = None,
+) -> None:
+    """`state_bytes_per_rank(num_rows, embedding_dim, world_size, optimizer, sharding)` must return the bytes
+    of fused optimizer state on each rank (a list of `world_size` ints) for one table sharded by `sharding`:
+    ``"row_wise"`` (blocks of ceil(num_rows / world_size) rows), ``"column_wise"`` (embedding_dim / world_size
+    columns a rank, every row) or ``"table_wise"`` (the whole table on rank 0).
+
+    `measured` maps each EmbOptimType measured in section 4 to the bytes rank 0 held for a `num_rows` x
+    `embedding_dim` table sharded row-wise on `world_size` ranks. The check compares the answer with it, then
+    measures fbgemm's state on 3 ranks for tables the lab has not shown (rows that do not divide, column-wise,
+    table-wise) and compares each rank's bytes, then tries other sizes and world sizes.
+    """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from course_lib.checks import launch_quietly
+
+    optimizer_types = [EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD]
+    for optimizer in optimizer_types:
+        lab = _state_bytes(num_rows, embedding_dim, world_size, optimizer, "row_wise")[0]
+        if optimizer in measured and measured[optimizer] != lab:
+            fail(f"the measurement for {optimizer.name} ({measured[optimizer]:,} bytes) is not the one section 4 made",
+                 "pass the dictionary that section 4 built from its measurement")
+    lab_cases = [(num_rows, embedding_dim, world_size, o, "row_wise",
+                  [measured[o]] * world_size if o in measured else None) for o in optimizer_types]
+    _judge_state_bytes(state_bytes_per_rank, lab_cases)  # the lab's case first: no launch for a first slip
+    if launch is None:
+        from course_lib import launch
+    fresh = [(rows, dim, sharding, o) for rows, dim, sharding in _MEASURED_CASES for o in optimizer_types]
+    per_rank = launch_quietly(launch, measure_state_bytes, fresh, world_size=_CHECK_WORLD, timeout=120)
+    _judge_state_bytes(state_bytes_per_rank, [(rows, dim, _CHECK_WORLD, o, sharding, [held[i] for held in per_rank])
+                                              for i, (rows, dim, sharding, o) in enumerate(fresh)])
+    _judge_state_bytes(state_bytes_per_rank, [(r, d, w, o, s, None) for r, d, w, s in _EXTRA_CASES
+                                              for o in optimizer_types])
     passed(
-        "the formula matches the measurement and other sizes: rows / world_size x (0 for SGD, dim for Adagrad, "
-        "1 for row-wise Adagrad) x 4 bytes"
+        f"the formula matches section 4's measurement, fbgemm's state on {_CHECK_WORLD} ranks for rows that do not "
+        "divide, column-wise and table-wise tables, and other sizes"
     )
 
 

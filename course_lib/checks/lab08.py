@@ -425,8 +425,114 @@ def check_app_state(app_state_class: type, launch: Launch | None = None) -> None
 
 # ------------------------------------------------------------------------------------------ exercise 2
 
+_SECOND_SAVE_AT = 5  # the step of the check's second save
+_KEEP = 3  # the keep the check passes in its second folder (the lab's default is 2)
+_KEPT_STEPS = (6, 7, 8, 9)  # saved with keep=3: 7, 8 and 9 remain
+_FAILED_AT = 10  # rank 1's write fails in this save: 7, 8 and 9 must remain
+_AFTER_FAILURE = 11  # then a save that works: the three newest complete ones are 8, 9 and 11
 
-def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
+
+class _Deletions:
+    """Records, on this rank, every file or folder removed while it is active (os.unlink / os.remove / os.rmdir,
+    shutil.rmtree), and whether the checkpoint being saved was complete (had its .metadata) at that moment."""
+
+    def __init__(self) -> None:
+        self.log: list[dict[str, Any]] = []
+        self.saving: str | None = None  # the folder the current save writes
+
+    def __enter__(self) -> "_Deletions":
+        self._saved = {name: getattr(os, name) for name in ("unlink", "remove", "rmdir")}
+        self._rmtree = shutil.rmtree
+        for name, original in self._saved.items():
+            setattr(os, name, self._recording(name, original))
+        shutil.rmtree = self._recording("rmtree", self._rmtree)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, original in self._saved.items():
+            setattr(os, name, original)
+        shutil.rmtree = self._rmtree
+
+    def _recording(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def removing(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("dir_fd") is None and self._depth == 0:  # rmtree's own inner calls are one removal
+                complete = self.saving is not None and os.path.isfile(os.path.join(self.saving, ".metadata"))
+                self.log.append({"call": name, "path": os.fspath(path), "new one complete": complete})
+            self._depth += 1
+            try:
+                return original(path, *args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return removing
+
+    _depth = 0
+
+
+def _complete_steps(root: str) -> list[int]:
+    """The steps of the complete checkpoints under `root` (step folders with DCP's .metadata)."""
+    folders = Path(root).glob("step_*") if os.path.isdir(root) else []
+    return sorted(int(p.name.split("_")[1]) for p in folders if (p / ".metadata").is_file())
+
+
+def _failing_writes() -> Any:
+    """While active, this rank's DCP file writes raise, as a full disk or a lost mount would."""
+    from unittest import mock
+
+    from torch.distributed.checkpoint.filesystem import _FileSystemWriter
+
+    def write_data(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("[the check] rank 1's storage failed while writing its shards")
+
+    return mock.patch.object(_FileSystemWriter, "write_data", write_data)
+
+
+def _keep_on_rank(save: Callable[..., Any], model: Any, optimizer: Any, root: str) -> dict[str, Any]:
+    """The keep part of the check, on every rank: saves with keep=_KEEP at _KEPT_STEPS, one whose writes fail on
+    rank 1, one more; what remains after each, whether the failed one raised, and what this rank deleted."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from course_lib import checkpoint
+
+    rank = dist.get_rank()
+    report: dict[str, Any] = {}
+    deletions = _Deletions()
+    with deletions:
+        for step in _KEPT_STEPS:
+            deletions.saving = os.path.join(root, checkpoint.step_folder(step))
+            try:
+                save(checkpoint.AppState(model, optimizer, step), root, keep=_KEEP)
+            except _ERRORS as error:
+                report["error"] = f"save(app, root, keep={_KEEP}) at step {step} raised {_first_line(error)}"
+                return report
+            dist.barrier()
+        report["kept"] = _complete_steps(root)
+        deletions.saving = os.path.join(root, checkpoint.step_folder(_FAILED_AT))
+        with _failing_writes() if rank == 1 else contextlib.nullcontext():
+            try:
+                save(checkpoint.AppState(model, optimizer, _FAILED_AT), root, keep=_KEEP)
+                report["failed save raised"] = False
+            except _ERRORS as error:
+                report["failed save raised"] = True
+                report["failure"] = _first_line(error)
+        dist.barrier()
+        report["after failure"] = _complete_steps(root)
+        deletions.saving = os.path.join(root, checkpoint.step_folder(_AFTER_FAILURE))
+        try:
+            save(checkpoint.AppState(model, optimizer, _AFTER_FAILURE), root, keep=_KEEP)
+        except _ERRORS as error:
+            report["error"] = (f"save(app, root, keep={_KEEP}) at step {_AFTER_FAILURE}, after a failed save, raised "
+                               f"{_first_line(error)}")
+            return report
+        dist.barrier()
+        report["after recovery"] = _complete_steps(root)
+    report["deletions"] = deletions.log
+    return report
+
+
+def _save_on_rank(save: Callable[..., Any], root: str) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     from course_lib import checkpoint, training
@@ -436,9 +542,13 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
     _train(model, optimizer, range(_SAVED_AT))
     saved = _state(model, optimizer)
     report: dict[str, Any] = {}
+    first_root = os.path.join(root, "default")
+    deletions = _Deletions()
     try:
         app = checkpoint.AppState(model, optimizer, _SAVED_AT)
-        returned = save(app, root)
+        with deletions:
+            deletions.saving = os.path.join(first_root, checkpoint.step_folder(_SAVED_AT))
+            returned = save(app, first_root)
     except _ERRORS as error:
         raise_if_unwritten(error)
         report["error"] = f"save(app, root) raised {_first_line(error)}"
@@ -457,8 +567,8 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
         changed.append(f"the step (now {app.step})")
     report["changed"] = changed
     report["returned"] = None if returned is None else os.fspath(returned)
-    report["files"] = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())
-    folder = checkpoint.latest(root)
+    report["files"] = sorted(str(p.relative_to(first_root)) for p in Path(first_root).rglob("*") if p.is_file())
+    folder = checkpoint.latest(first_root)
     report["latest"] = None if folder is None else str(folder)
     if folder is None:
         return report
@@ -479,35 +589,99 @@ def _save_on_rank(save: Callable[[Any, str], Any], root: str) -> dict[str, Any]:
         return report
     _train(model, optimizer, range(_SAVED_AT, _SECOND_SAVE_AT))
     try:
-        second = save(checkpoint.AppState(model, optimizer, _SECOND_SAVE_AT), root)
+        with deletions:
+            deletions.saving = os.path.join(first_root, checkpoint.step_folder(_SECOND_SAVE_AT))
+            second = save(checkpoint.AppState(model, optimizer, _SECOND_SAVE_AT), first_root)
     except _ERRORS as error:
         report["second error"] = _first_line(error)
         return report
     dist.barrier()
     report["second returned"] = None if second is None else os.fspath(second)
-    report["second latest"] = None if checkpoint.latest(root) is None else str(checkpoint.latest(root))
+    report["second latest"] = None if checkpoint.latest(first_root) is None else str(checkpoint.latest(first_root))
+    report["default kept"] = _complete_steps(first_root)
+    report["keep"] = _keep_on_rank(save, model, optimizer, os.path.join(root, "keep"))
+    report["keep"]["deletions"] = deletions.log + report["keep"].get("deletions", [])
     return report
 
 
-_SECOND_SAVE_AT = 5  # the step of the check's second save
+def _folder(step: int) -> str:
+    from course_lib import checkpoint
+
+    return checkpoint.step_folder(step)
+
+
+def _steps(steps: list[int]) -> str:
+    return "[" + ", ".join(_folder(s) for s in steps) + "]"
+
+
+def _judge_keep(reports: list[dict[str, Any]]) -> None:
+    """Fail with what the keep part of the check found wrong, from every rank's report."""
+    keep = reports[0]["keep"]
+    if "error" in keep:
+        fail(keep["error"], "save(app, root, keep=...) takes keep as its third argument: the check passes another "
+             "keep than the lab's default")
+    if reports[0]["default kept"] != [_SAVED_AT, _SECOND_SAVE_AT]:
+        fail(f"after saves at steps {_SAVED_AT} and {_SECOND_SAVE_AT} with the default keep (2), the complete "
+             f"checkpoints under root are {_steps(reports[0]['default kept'])}",
+             "both fit in keep=2: delete only checkpoints beyond the newest keep")
+    deleters = [rank for rank, report in enumerate(reports) if report["keep"].get("deletions")]
+    if len(deleters) > 1:
+        fail(f"ranks {deleters} all delete old checkpoints: on a shared file system they race on the same folders, "
+             "and one of them meets a folder the other has just removed (FileNotFoundError), or a half-removed one",
+             "the checkpoint folders are shared by all ranks: let one rank (rank 0) delete")
+    want = list(_KEPT_STEPS[-_KEEP:])
+    if keep["kept"] != want:
+        fail(f"after saves at steps {', '.join(map(str, _KEPT_STEPS))} with keep={_KEEP}, the complete checkpoints "
+             f"under root are {_steps(keep['kept'])}; expected the newest {_KEEP}, {_steps(want)}",
+             "sort the step folders by name (step_folder pads the step, so names sort by step) and delete all but "
+             "the last keep, counting the one just written" if len(keep["kept"]) != _KEEP else
+             "keep the newest checkpoints, the last ones when sorted by step, not the oldest")
+    failed = [rank for rank, report in enumerate(reports) if not report["keep"]["failed save raised"]]
+    if failed:
+        fail(f"rank 1's writes failed in the save at step {_FAILED_AT}, but save returned normally on rank(s) "
+             f"{failed}: the job goes on as if it had a checkpoint of step {_FAILED_AT}",
+             "let dcp.save's exception (a CheckpointException, a BaseException) propagate: do not catch it")
+    if keep["after failure"] != want:
+        fail(f"rank 1's writes failed in the save at step {_FAILED_AT}; afterwards the complete checkpoints are "
+             f"{_steps(keep['after failure'])}, expected {_steps(want)} still there: a failed save must not cost the "
+             "checkpoints a restart needs",
+             "delete old checkpoints only after the new one is complete on every rank: dcp.save raises on every "
+             "rank when one fails, so nothing after it runs")
+    early = [d for report in reports for d in report["keep"].get("deletions", []) if not d["new one complete"]]
+    if early:
+        fail(f"save deleted {os.path.basename(early[0]['path'])} before the checkpoint it was writing was complete: "
+             "a failure in this save would leave fewer checkpoints than keep, maybe none",
+             "save first (dcp.save returns once every rank has written and .metadata exists), then delete the oldest")
+    want = sorted([*want, _AFTER_FAILURE])[-_KEEP:]
+    if keep["after recovery"] != want:
+        fail(f"after the failed save at step {_FAILED_AT} and a good one at step {_AFTER_FAILURE}, the complete "
+             f"checkpoints are {_steps(keep['after recovery'])}; expected the newest {_KEEP} complete ones, "
+             f"{_steps(want)}",
+             f"the failed save left {_folder(_FAILED_AT)} without DCP's .metadata: it is not a checkpoint. "
+             "Count only folders that hold .metadata (remove the others or leave them)")
 
 
 @exercise
-def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) -> None:
-    """`save(app, root)` must write a DCP checkpoint of `app` (every rank its shards) into
-    ``root / checkpoint.step_folder(app.step)`` and return that folder.
+def check_save(save: Callable[..., Any], launch: Launch | None = None) -> None:
+    """`save(app, root, keep=2)` must write a DCP checkpoint of `app` (every rank its shards) into
+    ``root / checkpoint.step_folder(app.step)``, return that folder, and then keep only the newest `keep`
+    complete checkpoints under `root`, one rank deleting the others, never before the new one is complete.
 
     The check trains 3 steps on 2 ranks, calls `save`, then loads the newest checkpoint under `root` into a
     freshly sharded model and optimizer and compares every tensor and the step; then trains 2 more steps and
-    saves again, at step 5, where the folder (returned, and the newest under `root`) must be that step's.
+    saves again, at step 5, where the folder (returned, and the newest under `root`) must be that step's. In
+    another root, with keep=3, it saves at steps 6 to 9, then at step 10 with rank 1's file writes failing,
+    then at step 11; after each it lists the complete checkpoints, and it records which rank deletes, and when.
     """
     from course_lib import checkpoint
 
     root = tempfile.mkdtemp(prefix="lab08-check-")
     try:
-        report = _on_ranks(_launch(launch), _save_on_rank, save, root, world_size=2, what="save(app, root)")[0]
+        reports = _on_ranks(_launch(launch), _save_on_rank, save, root, world_size=2, what="save(app, root)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    report = reports[0]
+    root = os.path.join(root, "default")
     if "error" in report:
         fail(report["error"])
     if report["changed"]:
@@ -571,7 +745,10 @@ def check_save(save: Callable[[Any, str], Any], launch: Launch | None = None) ->
              f"newest checkpoint under root is {report['second latest']!r}; expected {second_want!r}: the folder does "
              "not follow app.step (typed in, or counted apart), so every later save lands in the same folder",
              "name the folder from the app's step: os.path.join(root, checkpoint.step_folder(app.step))")
-    passed(f"save writes a DCP checkpoint into {checkpoint.step_folder(_SAVED_AT)}/ that restores everything")
+    _judge_keep(reports)
+    passed(f"save writes a DCP checkpoint into {checkpoint.step_folder(_SAVED_AT)}/ that restores everything; with "
+           f"keep={_KEEP}, the newest {_KEEP} complete checkpoints remain, and a failed save costs none of them")
+
 
 
 # ------------------------------------------------------------------------------------------ exercise 3
