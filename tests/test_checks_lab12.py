@@ -285,7 +285,7 @@ def test_the_bytes_formula_is_what_the_ranks_hold():
     from course_lib import launch
 
     for shape in ((2, 2), (1, 4)):
-        out = launch(parallel2d.train_2d, good_plan(), mesh_shape=shape, steps=1, world_size=4, show_ranks=[])
+        out = launch(parallel2d.train_2d, good_plan(parallel2d.TowerBlock(32, 4, 64)), mesh_shape=shape, steps=1, world_size=4, show_ranks=[])
         model = parallel2d.Tower()
         assert {r["param_bytes"] for r in out} == {lab12.reference_bytes(model, *shape)}
         gathered = max((c.bytes_out for c in out[0]["forward_collectives"] if c.op == "all_gather"), default=0)
