@@ -21,6 +21,8 @@ __all__ = [
     "activation_report",
     "Attention",
     "FeedForward",
+    "GatedBlock",
+    "GatedFeedForward",
     "TowerBlock",
     "Tower",
     "apply_2d",
@@ -77,12 +79,45 @@ class TowerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class Tower(nn.Module):
-    """``n_layers`` blocks and a final LayerNorm over ``[B, T, dim]`` inputs (a sequence of embeddings)."""
+class GatedFeedForward(nn.Module):
+    """Llama's gated feed-forward (SwiGLU): ``w2(silu(w1(x)) * w3(x))``, its Linears registered as Llama's are:
+    w1, w2, w3."""
 
-    def __init__(self, dim: int = 32, n_heads: int = 4, hidden: int = 64, n_layers: int = 2) -> None:
+    def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(TowerBlock(dim, n_heads, hidden) for _ in range(n_layers))
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class GatedBlock(nn.Module):
+    """A block of Llama's shape: RMSNorms, the same :class:`Attention`, and a :class:`GatedFeedForward`; its
+    submodules have :class:`TowerBlock`'s names."""
+
+    def __init__(self, dim: int, n_heads: int, hidden: int) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(dim)
+        self.attention = Attention(dim, n_heads)
+        self.ffn_norm = nn.RMSNorm(dim)
+        self.feed_forward = GatedFeedForward(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Tower(nn.Module):
+    """``n_layers`` blocks and a final LayerNorm over ``[B, T, dim]`` inputs (a sequence of embeddings); `block` is
+    the class of the blocks, :class:`TowerBlock` unless told."""
+
+    def __init__(self, dim: int = 32, n_heads: int = 4, hidden: int = 64, n_layers: int = 2,
+                 block: type[nn.Module] | None = None) -> None:
+        super().__init__()
+        block = block or TowerBlock
+        self.layers = nn.ModuleList(block(dim, n_heads, hidden) for _ in range(n_layers))
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,10 +170,11 @@ def param_bytes(model: nn.Module) -> int:
 
 def train_2d(
     plan: Mapping[str, Any], steps: int = 3, batch: int = 4, seq_len: int = 8, dim: int = 32, lr: float = 0.1,
-    mesh_shape: tuple[int, int] = (2, 2),
+    mesh_shape: tuple[int, int] = (2, 2), block: type[nn.Module] | None = None,
 ) -> dict[str, Any]:
     """Run on every rank of a ``dp x tp`` group: train a :class:`Tower` split by ``plan`` over TP and FSDP2
-    over DP beside a single-process copy, with SGD; report how far apart they are.
+    over DP beside a single-process copy, with SGD; report how far apart they are. `block` is the class of the
+    tower's blocks (:class:`TowerBlock` unless told, or :class:`GatedBlock`).
 
     Each data-parallel replica takes its slice of one global batch; its tensor-parallel ranks share it.
     Returns the largest loss and parameter differences over the steps, this rank's placements and
@@ -152,8 +188,8 @@ def train_2d(
     start = time.perf_counter()
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
-    reference = Tower(dim=dim)
-    model = Tower(dim=dim)
+    reference = Tower(dim=dim, block=block)
+    model = Tower(dim=dim, block=block)
     model.load_state_dict(reference.state_dict())
     full_bytes = param_bytes(reference)
     apply_2d(model, mesh, plan)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from course_lib.checks import CheckFailed, lab09
 
@@ -55,8 +56,17 @@ def test_load_factor_check_rejects_wrong_answers(answer, words):
         lab09.check_load_factor(lambda hbm_gib=16: answer if hbm_gib == lab09.HBM_GIB else search_solution(hbm_gib))
 
 
-def lookup_solution(num_ids, embedding_dim, seconds, bytes_per_element=4):
-    return num_ids * embedding_dim * bytes_per_element / seconds / 1e9
+ELEMENT_BYTES = {"FP32": 4, "FP16": 2, "INT8": 1}
+
+
+def lookup_solution(kjt, tables, seconds):
+    table_of = {feature: t for t in tables for feature in t.feature_names}
+    read = 0
+    for key, ids in zip(kjt.keys(), kjt.length_per_key()):
+        t = table_of[key]
+        row = t.embedding_dim * ELEMENT_BYTES[t.data_type.value] + (8 if t.data_type.value == "INT8" else 0)
+        read += ids * row
+    return read / seconds / 1e9
 
 
 def test_lookup_check_accepts_the_solution(capsys):
@@ -64,26 +74,63 @@ def test_lookup_check_accepts_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
-def test_lookup_check_accepts_a_numpy_number(capsys):
+def test_lookup_check_accepts_a_numpy_number_and_torchrecs_own_sizes(capsys):
     import numpy as np
+    from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
 
-    lab09.check_lookup_bandwidth(lambda n, d, s, e=4: np.float32(n * d * e / s / 1e9))
+    def with_torchrec(kjt, tables, seconds):  # DATA_TYPE_NUM_BITS, and each feature's ids read from kjt[key]
+        read = 0
+        for key in kjt.keys():
+            t = next(t for t in tables if key in t.feature_names)
+            scale_bias = 8 if t.data_type.value == "INT8" else 0
+            read += kjt[key].values().numel() * (t.embedding_dim * DATA_TYPE_NUM_BITS[t.data_type] // 8 + scale_bias)
+        return np.float32(read / seconds / 1e9)
+
+    lab09.check_lookup_bandwidth(with_torchrec)
     assert capsys.readouterr().out.startswith("✓")
+
+
+def _variant(row=None, ids=None, per=1e9, time=lambda s: s, table=None):
+    """lookup_solution with one part changed: a row's bytes, the ids counted per feature, the unit, the time, the
+    table a feature reads."""
+    def answer(kjt, tables, seconds):
+        table_of = {feature: t for t in tables for feature in t.feature_names}
+        read = 0
+        for i, key in enumerate(kjt.keys()):
+            t = table(tables, i) if table else table_of[key]
+            kind = t.data_type.value
+            size = row(t) if row else t.embedding_dim * ELEMENT_BYTES[kind] + (8 if kind == "INT8" else 0)
+            read += (ids(kjt, key) if ids else kjt[key].values().numel()) * size
+        return read / time(seconds) / per
+    return answer
+
+
+def _right_row(t):
+    return t.embedding_dim * ELEMENT_BYTES[t.data_type.value] + (8 if t.data_type.value == "INT8" else 0)
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (lambda n, d, s, e=4: n * d / s / 1e9, "bytes_per_element bytes"),  # elements, not bytes
-        (lambda n, d, s, e=4: 2 * n * d * e / s / 1e9, "nothing is written"),  # counted like a copy
-        (lambda n, d, s, e=4: n * d * e / s / 2**30, "decimal"),  # GiB/s
-        (lambda n, d, s, e=4: n * d * e / (s * 1e3) / 1e9, "seconds are seconds"),
-        (lambda n, d, s, e=4: "fast", "return a number"),
-        (lambda n, d, s, e=4: n * d * 4 / s / 1e9, "use bytes_per_element"),  # fp32 assumed for every table
-        (lambda n, d, s, e=4: n * e / s / 1e9, "each id reads a row|bytes read"),  # ids x bytes, no dim
-        (lambda n, d, s, e=4: 8 * n * d * e / s / 1e9, "bytes read = ids"),  # bits, not bytes
-        (lambda n, d, s, e=4: n * d * e * s / 1e9, "bytes read = ids"),  # multiplied by the time
-        (lambda n, d, s, e=4: n * d * (4 if e == 4 else 2) / s / 1e9, "1 byte per element \\(int8\\), not 2"),  # fp16 or fp32 only
+        (_variant(table=lambda tables, i: tables[0]), "first table's row"),  # one dim and one type for all
+        (_variant(row=lambda t: t.embedding_dim * 4), "4 bytes per element whatever"),  # dtype ignored
+        (_variant(row=lambda t: t.embedding_dim * ELEMENT_BYTES[t.data_type.value]), "values alone"),  # no scale, bias
+        (_variant(row=lambda t: t.embedding_dim * ELEMENT_BYTES[t.data_type.value] + 4 * (t.data_type.value == "INT8")),
+         "lab 11's inference kernel"),
+        (_variant(row=lambda t: 8 * t.embedding_dim * ELEMENT_BYTES[t.data_type.value]), "it counts bits"),
+        (_variant(ids=lambda kjt, key: len(kjt[key].lengths())), "it counts bags, not ids"),
+        (_variant(ids=lambda kjt, key: kjt[key].values().unique().numel()), "each distinct id once"),
+        (lambda kjt, tables, s: sum(kjt[key].values().numel() * _right_row(t) for key, t in zip(kjt.keys(), tables))
+         / s / 1e9, "pairs the KJT's keys with the tables in order"),
+        (lambda kjt, tables, s: sum(kjt[t.feature_names[0]].values().numel() * _right_row(t) for t in tables
+                                    if t.feature_names[0] in kjt.keys()) / s / 1e9, "each table's first feature only"),
+        (_variant(per=2**30), "decimal"),  # GiB/s
+        (_variant(time=lambda s: s * 1e3), "seconds are seconds"),  # the seconds read as milliseconds
+        (lambda kjt, tables, s: 2 * lookup_solution(kjt, tables, s), "nothing is written"),  # counted like a copy
+        (lambda kjt, tables, s: kjt.values().numel() * tables[0].embedding_dim * 4 / s / 1e9, "first table's row"),
+        (lambda kjt, tables, s: "fast", "return a number"),
+        (lambda kjt, tables, s: torch.tensor(lookup_solution(kjt, tables, s)), "return a number"),
+        (lambda n, d, s, e=4: n * d * e / s / 1e9, "it takes a KeyedJaggedTensor"),  # the old signature
     ],
 )
 def test_lookup_check_rejects_wrong_answers(wrong, words):

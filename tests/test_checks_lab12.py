@@ -32,42 +32,91 @@ def row():
     return RowwiseParallel()
 
 
-def good_plan():
-    return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "attention.wo": row(),
-            "feed_forward.w1": col(), "feed_forward.w2": row()}
+def good_plan(block):  # the writers of each sub-layer's result row-wise, every other Linear column-wise
+    return {name: row() if name in ("attention.wo", "feed_forward.w2") else col()
+            for name, module in block.named_modules() if isinstance(module, nn.Linear)}
 
 
 def test_block_plan_passes_the_solution(capsys):
     lab12.check_block_plan(good_plan)
-    assert capsys.readouterr().out.startswith("✓ tensor-parallel plan")
+    assert capsys.readouterr().out.startswith("✓ tensor-parallel plans")
 
 
-def mlp_only():  # attention left whole on every tp rank
+def test_block_plan_passes_wildcards():  # parallelize_module matches each dotted part with fnmatch
+    def wildcards(block):
+        gate = {"feed_forward.w[13]": col()} if hasattr(block.feed_forward, "w3") else {"feed_forward.w1": col()}
+        return {"attention.w[qkv]": col(), "attention.wo": row(), **gate, "feed_forward.w2": row()}
+
+    lab12.check_block_plan(wildcards)
+
+
+def tower_block_plan(block):  # the lab's block typed in, whatever block it is handed
+    return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "attention.wo": row(),
+            "feed_forward.w1": col(), "feed_forward.w2": row()}
+
+
+def mlp_only(block):  # attention left whole on every tp rank
     return {"feed_forward.w1": col(), "feed_forward.w2": row()}
 
 
-def attention_only():
+def attention_only(block):
     return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "attention.wo": row()}
 
 
-def swapped_mlp():  # row-wise first: it takes a whole input as if it were split
-    return {**attention_only(), "feed_forward.w1": row(), "feed_forward.w2": col()}
+def swapped_mlp(block):  # row-wise first: it takes a whole input as if it were split
+    return {**attention_only(block), "feed_forward.w1": row(), "feed_forward.w2": col()}
 
 
-def without_wo():  # q, k, v split, but the output projection left whole
+def without_wo(block):  # q, k, v split, but the output projection left whole
     return {"attention.wq": col(), "attention.wk": col(), "attention.wv": col(), "feed_forward.w1": col(),
             "feed_forward.w2": row()}
 
 
-def all_colwise():
-    return {name: col() for name in good_plan()}
+def all_colwise(block):
+    return {name: col() for name in good_plan(block)}
 
 
-def wrong_names():  # the names of torch's nn.TransformerEncoderLayer, not of this block
+def last_registered_rowwise(block):  # "the last Linear of each sub-layer writes its result": true of TowerBlock only
+    plan = {}
+    for part in ("attention", "feed_forward"):
+        linears = [n for n, m in getattr(block, part).named_children() if isinstance(m, nn.Linear)]
+        plan.update({f"{part}.{n}": row() if n == linears[-1] else col() for n in linears})
+    return plan
+
+
+def gate_rowwise(block):  # the gate taken for the feed-forward's second half
+    return {**good_plan(block), "feed_forward.w3": row()} if hasattr(block.feed_forward, "w3") else good_plan(block)
+
+
+def gate_rowwise_replicated(block):  # a row-wise gate that takes the whole input: its own all-reduce
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return ({**good_plan(block), "feed_forward.w3": RowwiseParallel(input_layouts=Replicate())}
+            if hasattr(block.feed_forward, "w3") else good_plan(block))
+
+
+def two_all_reduces(block):  # every feed-forward Linear row-wise on a whole input: right math, an all-reduce each
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return {**attention_only(block), **{name: RowwiseParallel(input_layouts=Replicate()) for name in good_plan(block)
+                                        if name.startswith("feed_forward.")}}
+
+
+def every_name_of_both(block):  # the gated block's plan handed to every block
+    return {**tower_block_plan(block), "feed_forward.w3": col()}
+
+
+def wrong_names(block):  # the names of torch's nn.TransformerEncoderLayer, not of this block
     return {"self_attn.out_proj": row(), "linear1": col(), "linear2": row()}
 
 
-def gathered_outputs():  # torchtitan's output-layer style on every layer: right weights, right math, activations gathered
+def tower_names(block):  # the names inside the Tower, not inside the block
+    return {f"layers.0.{name}": style for name, style in good_plan(block).items()}
+
+
+def gathered_outputs(block):  # torchtitan's output-layer style on every layer: right weights, right math, activations gathered
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -75,36 +124,49 @@ def gathered_outputs():  # torchtitan's output-layer style on every layer: right
             **{n: RowwiseParallel(input_layouts=Replicate()) for n in ("attention.wo", "feed_forward.w2")}}
 
 
-def sequence_parallel_outputs():
+def sequence_parallel_outputs(block):
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import RowwiseParallel
 
-    return {**good_plan(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    return {**good_plan(block), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))}
 
 
-def gathered_feed_forward():  # only the feed-forward pair gathers its hidden units
+def gathered_feed_forward(block):  # only the feed-forward pair gathers its hidden units
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {**attention_only(), "feed_forward.w1": ColwiseParallel(output_layouts=Replicate()),
+    return {**attention_only(block), "feed_forward.w1": ColwiseParallel(output_layouts=Replicate()),
             "feed_forward.w2": RowwiseParallel(input_layouts=Replicate())}
 
 
+def no_argument():  # the lab's earlier exercise: a plan of the TowerBlock, taking nothing
+    return tower_block_plan(None)
+
+
 @pytest.mark.parametrize("plan, reason", [
+    (tower_block_plan, "feed_forward.w3 is not split over tp in the gated block"),
+    (last_registered_rowwise, "w3 is row-wise"),
+    (gate_rowwise, "w3 is row-wise"),
+    (gate_rowwise_replicated, "w3 is row-wise"),
+    (two_all_reduces, "feed_forward.w1's weight in the lab's TowerBlock is split S(1)"),
+    (every_name_of_both, "names ['feed_forward.w3'], which a TowerBlock does not have"),
     (mlp_only, "attention.wq is not split over tp"),
     (attention_only, "feed_forward.w1 is not split over tp"),
     (swapped_mlp, "failed"),
-    (without_wo, "failed"),
+    (without_wo, "attention.wo is not split over tp"),
     (all_colwise, "failed"),
     (wrong_names, "which a TowerBlock does not have"),
+    (tower_names, "which a TowerBlock does not have"),
     (gathered_outputs, "all-gathers activations over tp 8 times"),
-    (lambda: {**mlp_only(), "attention.wq": row(), "attention.wk": row(), "attention.wv": row(), "attention.wo": col()},
+    (lambda block: {**mlp_only(block), "attention.wq": row(), "attention.wk": row(), "attention.wv": row(),
+                    "attention.wo": col()},
      "failed"),  # the attention pair swapped: q, k, v row-wise take a whole input as if split
     (sequence_parallel_outputs, "failed"),  # wo, w2 reduce-scatter over the sequence, but the norms expect it whole
     (gathered_feed_forward, "all-gathers activations over tp 2 times"),
-    (lambda: {}, "a plan is a dict"),
-    (lambda: [("attention.wq", col())], "a plan is a dict"),
+    (no_argument, "block_plan takes the block"),
+    (lambda block: {}, "a plan is a dict"),
+    (lambda block: [("attention.wq", col())], "a plan is a dict"),
 ])
 def test_block_plan_rejects(plan, reason):
     rejects(lab12.check_block_plan, plan, match=reason)
@@ -223,7 +285,7 @@ def test_the_bytes_formula_is_what_the_ranks_hold():
     from course_lib import launch
 
     for shape in ((2, 2), (1, 4)):
-        out = launch(parallel2d.train_2d, good_plan(), mesh_shape=shape, steps=1, world_size=4, show_ranks=[])
+        out = launch(parallel2d.train_2d, good_plan(parallel2d.TowerBlock(32, 4, 64)), mesh_shape=shape, steps=1, world_size=4, show_ranks=[])
         model = parallel2d.Tower()
         assert {r["param_bytes"] for r in out} == {lab12.reference_bytes(model, *shape)}
         gathered = max((c.bytes_out for c in out[0]["forward_collectives"] if c.op == "all_gather"), default=0)

@@ -39,3 +39,18 @@ def test_the_planner_prices_a_host_sized_sharding_group_cheaper_in_comms_and_dea
     assert (cluster["GPUs"], cluster["hosts"], group["GPUs"], group["hosts"]) == (64, 8, 8, 1)
     assert group["max HBM GiB per rank"] > 4 * cluster["max HBM GiB per rank"]
     assert group["busiest rank's comms ms"] < cluster["busiest rank's comms ms"] / 10
+
+
+def test_the_gated_block_is_llamas_shape_with_the_tower_blocks_names():
+    import torch
+
+    block = parallel2d.GatedBlock(16, 2, 24)
+    ff = block.feed_forward
+    assert [n for n, _ in ff.named_children()] == ["w1", "w2", "w3"]  # registered in Llama's order
+    x = torch.randn(2, 3, 16)
+    assert torch.allclose(ff(x), ff.w2(torch.nn.functional.silu(ff.w1(x)) * ff.w3(x)))
+    assert {n for n, _ in block.named_children()} == {n for n, _ in parallel2d.TowerBlock(16, 2, 24).named_children()}
+    assert isinstance(parallel2d.Tower().layers[0], parallel2d.TowerBlock)  # the default is unchanged
+    tower = parallel2d.Tower(dim=16, n_heads=2, hidden=24, block=parallel2d.GatedBlock)
+    assert all(isinstance(layer, parallel2d.GatedBlock) for layer in tower.layers)
+    assert tower(x).shape == x.shape

@@ -316,45 +316,144 @@ def check_budget_plan(choose_constraints: Callable[[], Any]) -> None:
            f"{COMMS_BUDGET_MS:g} ms of communication, {STEP_BUDGET_MS:g} ms a step)")
 
 
-_LOOKUP_CASES = (
-    # (num_ids, embedding_dim, seconds, bytes_per_element)
-    (131_072, 64, 0.005, 4),
-    (4096 * 20, 128, 0.0021, 2),
-    (1_000_000, 32, 0.3, 4),
-    (500_000, 96, 0.02, 1),  # int8 rows: neither of the lab's element sizes
-)
+# fbgemm's training kernel (SplitTableBatchedEmbeddingBagsCodegen, the one DMP shards) stores an fp32 row as dim
+# float32 values, an fp16 row as dim float16 values, and an int8 row as dim uint8 values followed by a float32 scale
+# and a float32 bias (INT8_EMB_ROW_DIM_OFFSET = 8 bytes, FloatToFused8BitRowwiseQuantized's layout), unpadded:
+# construct_split_state in fbgemm_gpu/split_table_batched_embeddings_ops_training.py. (Lab 11's inference rows
+# differ: an fp16 scale and bias, 4 bytes, and rows padded to 16 bytes.)
+INT8_SCALE_BIAS_BYTES = 8
+_ELEMENT_BYTES = {"FP32": 4, "FP16": 2, "INT8": 1}
+
+
+def row_bytes(table: Any) -> int:
+    """Bytes of one row of `table` (an EmbeddingBagConfig) in fbgemm's training kernel: its values, and for int8 the
+    float32 scale and bias after them."""
+    kind = table.data_type.value
+    return table.embedding_dim * _ELEMENT_BYTES[kind] + (INT8_SCALE_BIAS_BYTES if kind == "INT8" else 0)
+
+
+def _ids_per_feature(kjt: Any) -> dict[str, int]:
+    return dict(zip(kjt.keys(), (int(n) for n in kjt.length_per_key())))
+
+
+def _table_of(tables: Sequence[Any]) -> dict[str, Any]:
+    return {feature: table for table in tables for feature in table.feature_names}
+
+
+def lookup_bytes(kjt: Any, tables: Sequence[Any]) -> int:
+    """Bytes a lookup of `kjt` reads: one row of its feature's table per id, repeated ids and all."""
+    table_of = _table_of(tables)
+    return sum(n * row_bytes(table_of[key]) for key, n in _ids_per_feature(kjt).items())
+
+
+def _lookup_cases() -> list[tuple[Any, list[Any], float, str]]:
+    """(kjt, tables, seconds, how a message names the case): fresh feature sets the lab has not shown."""
+    import torch
+    from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.types import DataType
+
+    def table(name: str, dim: int, kind: DataType, features: list[str]) -> Any:
+        return EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=10_000, feature_names=features, data_type=kind)
+
+    def kjt(lengths: dict[str, list[int]], seed: int) -> Any:
+        g = torch.Generator().manual_seed(seed)
+        flat = [n for per_bag in lengths.values() for n in per_bag]
+        ids = torch.randint(0, 50, (sum(flat),), generator=g)  # few distinct ids: many repeat
+        return KeyedJaggedTensor(keys=list(lengths), values=ids, lengths=torch.tensor(flat))
+
+    one = [table("t_item", 96, DataType.FP32, ["item"])]
+    mixed = [table("t_user", 128, DataType.FP32, ["user"]),
+             table("t_item", 64, DataType.FP16, ["item", "clicked"]),  # one table, two features
+             table("t_cat", 32, DataType.INT8, ["category"])]
+    narrow = [table("t_query", 16, DataType.INT8, ["query"]), table("t_ad", 48, DataType.FP16, ["ad"]),
+              table("t_geo", 8, DataType.FP32, ["geo"])]
+    return [
+        (kjt({"item": [20] * 64}, 1), one, 0.0004, "one fp32 table of dim 96, 64 bags of 20 ids"),
+        # the KJT's keys in another order than the tables, bags of different lengths, one of them empty
+        (kjt({"category": [3, 0, 5, 2], "clicked": [7, 1, 4, 6], "user": [1, 1, 1, 1], "item": [2, 9, 0, 3]}, 2), mixed,
+         0.00002, "3 tables (fp32 dim 128, fp16 dim 64 read by 2 features, int8 dim 32), 4 features in another order"),
+        # one table no feature of the batch reads
+        (kjt({"ad": [5, 5, 5], "query": [12, 0, 30]}, 3), narrow, 0.000015,
+         "3 tables (int8 dim 16, fp16 dim 48, fp32 dim 8), a batch of 2 of their features"),
+    ]
+
+
+def _lookup_mistakes(kjt: Any, tables: Sequence[Any]) -> dict[str, float]:
+    """Bytes that plausible wrong answers count for `kjt` over `tables`, with what each one did."""
+    table_of, ids = _table_of(tables), _ids_per_feature(kjt)
+    first = tables[0]
+    values = {key: table_of[key].embedding_dim * _ELEMENT_BYTES[table_of[key].data_type.value] for key in ids}
+    mistakes = {
+        "it counts every id with the first table's row (one dim and one type for all): each feature's ids read rows "
+        "of its own table, the one whose feature_names list it":
+            sum(n * row_bytes(first) for n in ids.values()),
+        "it counts 4 bytes per element whatever the table's data_type: an fp16 element is 2 bytes, an int8 one 1":
+            sum(n * table_of[k].embedding_dim * 4 for k, n in ids.items()),
+        "it counts an int8 row as its values alone: fbgemm's training kernel stores a float32 scale and a float32 "
+        "bias after them, 8 bytes more, and a lookup reads them to dequantize the row":
+            sum(n * values[k] for k, n in ids.items()),
+        "it counts an int8 row's scale and bias as 4 bytes, the layout of lab 11's inference kernel: the training "
+        "kernel keeps them in float32, 4 bytes each":
+            sum(n * (values[k] + (4 if table_of[k].data_type.value == "INT8" else 0)) for k, n in ids.items()),
+        "it counts bits: DATA_TYPE_NUM_BITS is in bits, 8 to a byte":
+            sum(n * table_of[k].embedding_dim * _ELEMENT_BYTES[table_of[k].data_type.value] * 8 for k, n in ids.items()),
+        "it counts bags, not ids: a bag of 20 ids reads 20 rows (kjt.lengths() holds ids per bag; count the values)":
+            sum(len(kjt[k].lengths()) * row_bytes(table_of[k]) for k in ids),
+        "it counts each distinct id once: a lookup reads a row for every id, repeats too":
+            sum(len(set(kjt[k].values().tolist())) * row_bytes(table_of[k]) for k in ids),
+        "it pairs the KJT's keys with the tables in order: find each feature's table by its feature_names, as "
+        "the keys need not come in the tables' order":
+            sum(n * row_bytes(t) for (k, n), t in zip(ids.items(), tables)),
+        "it counts each table's first feature only: a table can serve several features (feature_names), and each "
+        "one's ids read its rows":
+            sum(ids.get(t.feature_names[0], 0) * row_bytes(t) for t in tables),
+    }
+    return {why: float(b) for why, b in mistakes.items()}
 
 
 @exercise
-def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., float]) -> None:
-    """`lookup_gb_per_s(num_ids, embedding_dim, seconds, bytes_per_element)`: GB/s of embedding rows read."""
-    for num_ids, dim, seconds, element in _LOOKUP_CASES:
-        expected = num_ids * dim * element / seconds / 1e9
-        got = checked_call("lookup_gb_per_s", lookup_gb_per_s, num_ids, dim, seconds, element)
+def check_lookup_bandwidth(lookup_gb_per_s: Callable[..., Any]) -> None:
+    """`lookup_gb_per_s(kjt, tables, seconds)`: decimal GB/s of the rows a lookup of `kjt` read, each feature's ids
+    reading rows of its own table (fp32, fp16 or int8 with its scale and bias) in `seconds`. The check calls it
+    on three fresh feature sets and batches (_lookup_cases)."""
+    if not callable(lookup_gb_per_s):
+        fail(f"expected the function, got {lookup_gb_per_s!r}",
+             "pass the function itself: lab09.check_lookup_bandwidth(lookup_gb_per_s); the check calls it")
+    for kjt, tables, seconds, what in _lookup_cases():
+        expected = lookup_bytes(kjt, tables) / seconds / 1e9
+        try:
+            got = checked_call("lookup_gb_per_s", lookup_gb_per_s, kjt, tables, seconds)
+        except CheckFailed:
+            raise
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"lookup_gb_per_s raised {one_line(error)} for {what}",
+                 "it takes a KeyedJaggedTensor, a list of EmbeddingBagConfig and the seconds: lookup_gb_per_s(kjt, tables, "
+                 "seconds)" if isinstance(error, TypeError) else "each key of the KJT is a feature; its table is the one "
+                 "whose feature_names list it")
         if not is_number(got):
-            fail(f"lookup_gb_per_s returned {got!r}", "return a number: gigabytes (1e9 bytes) per second")
+            fail(f"lookup_gb_per_s returned {type(got).__name__} {got!r} for {what}",
+                 "return a number, gigabytes (1e9 bytes) per second: int(...) or float(...) of a tensor's value")
         got = float(got)
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
-        each = f"{element} byte{'s' if element != 1 else ''} each"
-        assumed = [size for size in (4, 2) if size != element and math.isclose(got, num_ids * dim * size / seconds / 1e9, rel_tol=1e-6)]
-        if assumed:
-            fail(f"for {num_ids:,} ids of dim {dim} ({each}) in {seconds} s: got {got:.4g}, expected {expected:.4g} GB/s",
-                 f"use bytes_per_element: these rows are {element} byte{'s' if element != 1 else ''} per element "
-                 f"({ {4: 'fp32', 2: 'fp16', 1: 'int8'}[element]}), not {assumed[0]}")
+        said = f"for {what}, in {seconds * 1e3:g} ms: got {got:.4g} GB/s, expected {expected:.4g}"
+        for why, wrong in _lookup_mistakes(kjt, tables).items():
+            if wrong != lookup_bytes(kjt, tables) and math.isclose(got, wrong / seconds / 1e9, rel_tol=1e-6):
+                fail(f"{said}: {why}")
         ratio = got / expected if expected else float("inf")
         hints = {
-            1 / element: "each id reads a row of embedding_dim elements of bytes_per_element bytes each",
             2.0: "a lookup reads the rows; nothing is written back to the table in a forward pass",
             1e3: "seconds are seconds: 1 GB/s is 1e9 bytes per second",
             1e-3: "seconds are seconds: 1 GB/s is 1e9 bytes per second",
-            1.073741824: "GB here is decimal (1e9 bytes), as bandwidths are quoted, not GiB",
             1 / 1.073741824: "GB here is decimal (1e9 bytes), as bandwidths are quoted, not GiB",
+            1.073741824: "GB here is decimal (1e9 bytes), as bandwidths are quoted, not GiB",
         }
-        hint = next((h for r, h in hints.items() if math.isclose(ratio, r, rel_tol=1e-3)),
-                    "bytes read = ids x embedding_dim x bytes_per_element; divide by the seconds and by 1e9")
-        fail(f"for {num_ids:,} ids of dim {dim} ({each}) in {seconds} s: got {got:.4g}, expected {expected:.4g} GB/s", hint)
-    passed("lookup bandwidth = ids x dim x bytes per element / seconds, in GB/s")
+        fail(said, next((h for r, h in hints.items() if math.isclose(ratio, r, rel_tol=1e-3)),
+                        "bytes read = for each feature, its ids x the bytes of a row of its table; divide by the "
+                        "seconds and by 1e9"))
+    passed(f"lookup bandwidth: each id reads a row of its own table, fp32, fp16 or int8 with its scale and bias "
+           f"({len(_lookup_cases())} fresh feature sets), in GB/s")
 
 
 # (nnodes, nproc_per_node, head, port) of the jobs the torchrun check asks for: two nodes of one process on this

@@ -22,66 +22,125 @@ from course_lib.checks import (
     same_gradients,
 )
 
-# Where each Linear's weight must be split over the tp mesh dimension: column-wise layers split their
-# output features (weight dim 0), row-wise layers their input features (weight dim 1).
+# Where each Linear's weight must be split over the tp mesh dimension, per block the check hands block_plan:
+# column-wise layers split their output features (weight dim 0), row-wise layers their input features (weight dim 1).
+# The gated block is Llama's shape, which the lab does not show: w1 and w3 both read the block's input, and their
+# outputs meet unit by unit, so both are column-wise; w2 writes the result back, row-wise.
+_ATTENTION_TP = {"attention.wq": "S(0)", "attention.wk": "S(0)", "attention.wv": "S(0)", "attention.wo": "S(1)"}
 _EXPECTED_TP = {
-    "attention.wq": "S(0)", "attention.wk": "S(0)", "attention.wv": "S(0)", "attention.wo": "S(1)",
-    "feed_forward.w1": "S(0)", "feed_forward.w2": "S(1)",
+    parallel2d.TowerBlock: {**_ATTENTION_TP, "feed_forward.w1": "S(0)", "feed_forward.w2": "S(1)"},
+    parallel2d.GatedBlock: {**_ATTENTION_TP, "feed_forward.w1": "S(0)", "feed_forward.w3": "S(0)", "feed_forward.w2": "S(1)"},
 }
+_BLOCKS = (  # (the block's class, how a message names it)
+    (parallel2d.TowerBlock, "the lab's TowerBlock"),
+    (parallel2d.GatedBlock, "the gated block (Llama's: w2(silu(w1(x)) * w3(x)))"),
+)
 
 
-@exercise
-def check_block_plan(block_plan: Callable[[], Mapping[str, Any]], launch: Callable[..., list[Any]] | None = None) -> None:
-    """`block_plan()` returns the TP plan of one TowerBlock. The check trains a 2-layer Tower on a 2 x 2
-    mesh (TP with the plan, FSDP2 over dp) beside a single-process copy, then reads every weight's placement."""
-    if launch is None:
-        from course_lib import launch
-    try:
-        plan = checked_call("block_plan", block_plan)
-    except CheckFailed:
-        raise
-    except Exception as error:
-        raise_if_unwritten(error)
-        fail(f"block_plan() raised {one_line(error)}")
+def _matches(key: str, name: str) -> bool:
+    """Whether a plan's `key` names the submodule `name`: parallelize_module matches each dotted part with fnmatch."""
+    import fnmatch
+
+    keys, names = key.split("."), name.split(".")
+    return len(keys) == len(names) and all(fnmatch.fnmatch(n, k) for k, n in zip(keys, names))
+
+
+def _style(plan: Mapping[str, Any], name: str) -> str:
+    """"colwise", "rowwise", another style's class name, or "" for the submodule `name` under `plan`."""
+    styles = [style for key, style in plan.items() if _matches(key, name)]
+    if not styles:
+        return ""
+    kind = type(styles[-1]).__name__
+    return {"ColwiseParallel": "colwise", "RowwiseParallel": "rowwise"}.get(kind, kind)
+
+
+def _failed_hint(plan: Mapping[str, Any], block: type) -> str:
+    """Why training with `plan` on `block` most likely failed, from the styles it gives the feed-forward."""
+    styles = {name: _style(plan, name) for name in _EXPECTED_TP[block]}
+    if block is parallel2d.GatedBlock and styles["feed_forward.w3"] == "rowwise":
+        return ("w3 is row-wise: it takes the block's whole input as if it were split over tp, and its output is "
+                "multiplied with w1's unit by unit, so the two must be split alike")
+    if block is parallel2d.GatedBlock and styles["feed_forward.w2"] == "colwise":
+        return ("w2 is column-wise, but it reads the split hidden units of w1 and w3: the layer that writes a "
+                "sub-layer's result back takes a split input")
+    return ("a column-wise layer's output is split over tp, so the layer after it must take a split input "
+            "(row-wise); every attention and feed-forward needs its pair")
+
+
+def _judge_plan(plan: Any, block: type, what: str, launch: Callable[..., list[Any]]) -> dict[str, Any]:
+    """Fail unless `plan` (block_plan's answer for a fresh `block`) trains a 2-layer Tower of such blocks on the
+    2 x 2 mesh as one process does, with every Linear split as _EXPECTED_TP says and no activation gathered over tp."""
+    import functools
+
     if not isinstance(plan, Mapping) or not plan:
-        fail(f"block_plan() returned {plan!r}: a plan is a dict from a submodule's name to a ParallelStyle",
+        fail(f"block_plan returned {plan!r} for {what}: a plan is a dict from a submodule's name to a ParallelStyle",
              'for example {"attention.wq": ColwiseParallel(), ...}')
-    unknown = sorted(set(plan) - set(_EXPECTED_TP) - {"attention_norm", "ffn_norm", "attention", "feed_forward"})
+    expected = _EXPECTED_TP[block]
+    names = [name for name, _ in block(32, 4, 64).named_modules() if name]
+    unknown = sorted(str(key) for key in plan if not any(_matches(str(key), name) for name in names))
     if unknown:
-        fail(f"the plan names {unknown}, which a TowerBlock does not have",
-             f"its Linear layers are {', '.join(_EXPECTED_TP)}")
+        fail(f"the plan for {what} names {unknown}, which a {block.__name__} does not have",
+             f"its Linear layers are {', '.join(expected)}: read them from the block you are handed "
+             "(block.named_modules())")
+    for layer in expected:
+        if not _style(plan, layer):
+            fail(f"{layer} is not split over tp in {what}: every tensor-parallel rank holds all of it",
+                 "every Linear of the block you are handed belongs in the plan")
     try:
-        report = launch_quietly(launch, parallel2d.train_2d, dict(plan), world_size=4, timeout=180)[0]
+        train = functools.partial(parallel2d.train_2d, block=block)
+        report = launch_quietly(launch, train, dict(plan), world_size=4, timeout=180)[0]
     except Exception as error:
         first = str(error).strip().splitlines()
         detail = next((line.strip() for line in first if "raised" in line), first[0] if first else "")
-        fail(f"training with your plan failed: {detail}",
-             "a column-wise layer's output is split over tp, so the layer after it must take a split input "
-             "(row-wise); every attention and feed-forward needs its pair")
+        fail(f"training {what} with your plan failed: {detail}", _failed_hint(plan, block))
     if report["loss_diff"] > 1e-5 or report["param_diff"] > 1e-5:
-        fail(f"with your plan the 2-D model drifts from the single-process one (loss {report['loss_diff']:.2e}, "
+        fail(f"with your plan the 2-D model of {what} drifts from the single-process one (loss {report['loss_diff']:.2e}, "
              f"weights {report['param_diff']:.2e} after 3 steps)", "a correct plan changes where the math runs, not the math")
     placements = report["placements"]
-    for layer, want in _EXPECTED_TP.items():
+    for layer, want in expected.items():
         got = placements.get(f"layers.0.{layer}.weight", ())
         tp = got[1] if len(got) > 1 else None
         if tp is None:
-            fail(f"{layer} is not split over tp: every tensor-parallel rank holds all of it ({got})",
-                 "every Linear of the block belongs in the plan: q, k, v, o and w1, w2")
+            fail(f"{layer} is not split over tp in {what}: every tensor-parallel rank holds all of it ({got})",
+                 "every Linear of the block you are handed belongs in the plan")
         if tp != want:
             kind = "column-wise (its output features, weight dim 0)" if want == "S(0)" else "row-wise (its input features, weight dim 1)"
-            fail(f"{layer}'s weight is split {tp} over tp; it should be split {kind}",
-                 "q, k, v and w1 column-wise; wo and w2 row-wise, so each pair costs one all-reduce")
+            fail(f"{layer}'s weight in {what} is split {tp} over tp; it should be split {kind}",
+                 "a Linear that reads the sub-layer's input is column-wise; the one that writes its result back is "
+                 "row-wise, so each attention and each feed-forward costs one all-reduce")
     tp_group = (0, 1)  # rank 0's tensor-parallel group on train_2d's (dp, tp) = (2, 2) mesh
     gathers = [c for c in report["forward_collectives"] if c.op == "all_gather" and tuple(c.group_ranks) == tp_group]
     if gathers:
-        fail(f"the weights are split right, but one forward all-gathers activations over tp {len(gathers)} times "
+        fail(f"the weights of {what} are split right, but one forward all-gathers activations over tp {len(gathers)} times "
              f"({sum(c.bytes_out for c in gathers):,} bytes on rank 0): every tp rank then computes every head or hidden "
              "unit after the gather", "keep a column-wise layer's output split and let the row-wise layer take it split: "
              "ColwiseParallel() and RowwiseParallel() with their default layouts (no output_layouts=Replicate() or "
              "input_layouts=Replicate()), so each attention and each feed-forward costs one all-reduce")
-    passed(f"tensor-parallel plan: q, k, v, w1 column-wise, wo, w2 row-wise; the 2 x 2 model equals one process "
-           f"(loss {report['loss_diff']:.1e}, weights {report['param_diff']:.1e})")
+    return report
+
+
+@exercise
+def check_block_plan(block_plan: Callable[[nn.Module], Mapping[str, Any]], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`block_plan(block)` returns the TP plan of the block it is handed. The check hands it a fresh TowerBlock,
+    then a fresh GatedBlock (Llama's gated feed-forward, which the lab does not show); for each it trains a 2-layer
+    Tower of such blocks on a 2 x 2 mesh (TP with the plan, FSDP2 over dp) beside a single-process copy, then reads
+    every weight's placement and the forward's collectives."""
+    if launch is None:
+        from course_lib import launch
+    reports = []
+    for block, what in _BLOCKS:
+        try:
+            plan = checked_call("block_plan", block_plan, block(32, 4, 64))
+        except CheckFailed:
+            raise
+        except Exception as error:
+            raise_if_unwritten(error)
+            fail(f"block_plan raised {one_line(error)} for {what}",
+                 "block_plan takes the block to plan: read its Linear layers from it" if isinstance(error, TypeError) else "")
+        reports.append(_judge_plan(plan, block, what, launch))
+    passed("tensor-parallel plans: q, k, v, w1 (and the gate w3) column-wise, wo, w2 row-wise; both 2 x 2 towers equal "
+           "one process (loss " + ", ".join(f"{r['loss_diff']:.1e}" for r in reports) + "; weights "
+           + ", ".join(f"{r['param_diff']:.1e}" for r in reports) + ")")
 
 
 # ------------------------------------------------------------------------------------------ exercise 2
