@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import cloudpickle
@@ -24,26 +25,39 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def test_examples_are_built_so_that_the_shortcuts_give_wrong_answers():
     for world in (2, 3):
-        ids_by_rank, num_rows = lab01.route_example(world)
-        routed = lab01._expected_routing(ids_by_rank, num_rows)
+        ids_by_rank, row_offsets, num_rows = lab01.route_example(world)
+        routed = lab01._expected_routing(ids_by_rank, row_offsets)
         # a receiver that guesses "as many as I send" is wrong on some rank
         assert [len(r) for r in routed] != [len(i) for i in ids_by_rank]
         assert sorted(torch.cat(routed).tolist()) == sorted(torch.cat(ids_by_rank).tolist())
+        assert set(row_offsets[1:]) & set(torch.cat(ids_by_rank).tolist())  # ids on a shard's first row
         values = lab01.mean_example(world)
         assert len({v.numel() for v in values}) > 1  # unequal counts: mean of means is not the mean
         mean = float(torch.cat(values).mean())
         assert not math.isclose(mean, sum(float(v.mean()) for v in values) / world)
-    ids_by_rank, num_rows = lab01.route_example(3)
-    assert lab01._expected_routing(ids_by_rank, num_rows)[2].tolist() == [9, 8, 8, 9]  # ceil(10/3) = 4 rows a block
+    ids_by_rank, row_offsets, num_rows = lab01.route_example(3)
+    assert lab01._expected_routing(ids_by_rank, row_offsets)[2].tolist() == [9, 8, 8, 9]  # TorchRec's 4, 4, 2 rows
+
+
+def test_the_unseen_cases_hold_empty_shards_boundaries_and_a_rank_an_unstable_sort_reorders():
+    (middle, middle_offsets, _), (last, last_offsets, rows) = lab01.unseen_route_cases()
+    assert middle_offsets[1] == middle_offsets[2] and 6 in torch.cat(middle).tolist()
+    assert last_offsets[-1] == rows  # the last shard is empty
+    owner = lab01.row_owner(last[0], last_offsets)
+    assert not torch.equal(torch.argsort(owner), torch.argsort(owner, stable=True))  # on this torch's CPU sort
 
 
 # ---------------------------------------------------------------------------------- route_ids
 
 
-def _send_to_owners(ids, owner):
+def owner_of(ids, row_offsets):
+    return torch.searchsorted(torch.tensor(row_offsets), ids, right=True) - 1
+
+
+def _send_to_owners(ids, owner, stable=True):
     """The all-to-all of the solution, for any rule that names each id's owner: counts first, then the ids."""
     world = dist.get_world_size()
-    send = ids[torch.argsort(owner, stable=True)]
+    send = ids[torch.argsort(owner, stable=True) if stable else torch.argsort(owner)]
     send_counts = torch.bincount(owner, minlength=world)
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
@@ -52,21 +66,62 @@ def _send_to_owners(ids, owner):
     return received
 
 
-def route_solution(ids, num_rows):
-    return _send_to_owners(ids, ids // math.ceil(num_rows / dist.get_world_size()))
+def route_solution(ids, row_offsets):
+    return _send_to_owners(ids, owner_of(ids, row_offsets))
 
 
-def route_modulo(ids, num_rows):
+def route_by_bucketize(ids, row_offsets):  # another right answer: the offsets after rank 0's, right=True
+    return _send_to_owners(ids, torch.bucketize(ids, torch.tensor(row_offsets[1:]), right=True))
+
+
+def route_by_comparison(ids, row_offsets):  # another right answer: how many offsets after rank 0's are <= id
+    return _send_to_owners(ids, (ids[:, None] >= torch.tensor(row_offsets[1:])[None, :]).sum(1))
+
+
+def route_modulo(ids, row_offsets):
     return _send_to_owners(ids, ids % dist.get_world_size())
 
 
-def route_by_floor_blocks(ids, num_rows):  # owner = id // floor(...): an owner of world_size on 3 ranks
-    return _send_to_owners(ids, ids // (num_rows // dist.get_world_size()))
+def route_by_first_block(ids, row_offsets):  # the even formula, with rank 0's shard as the block
+    return _send_to_owners(ids, ids // row_offsets[1])
 
 
-def route_without_counts(ids, num_rows):
+def route_by_first_block_clamped(ids, row_offsets):  # the same, kept in range: right for even shards only
+    return _send_to_owners(ids, torch.clamp(ids // row_offsets[1], max=dist.get_world_size() - 1))
+
+
+def route_rows_from_the_ids(ids, row_offsets):  # the even formula, the table's size read off the largest id anywhere
+    top = ids.max().reshape(1) if ids.numel() else torch.zeros(1, dtype=ids.dtype)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return _send_to_owners(ids, ids // math.ceil((int(top) + 1) / dist.get_world_size()))
+
+
+def route_left_of_the_boundary(ids, row_offsets):  # right=False: an id on a shard's first row goes to the rank before
+    return _send_to_owners(ids, torch.searchsorted(torch.tensor(row_offsets[1:]), ids))
+
+
+def route_left_minus_one(ids, row_offsets):  # right=False on all offsets: id 0 gets owner -1
+    return _send_to_owners(ids, torch.searchsorted(torch.tensor(row_offsets), ids) - 1)
+
+
+def route_first_equal_offset(ids, row_offsets):  # an id equal to an offset goes to the first rank with that offset
+    offsets = torch.tensor(row_offsets)
+    at = torch.searchsorted(offsets, ids)
+    hit = (at < len(row_offsets)) & (offsets[at.clamp(max=len(row_offsets) - 1)] == ids)
+    return _send_to_owners(ids, torch.where(hit, at, at - 1))
+
+
+def route_unstable(ids, row_offsets):  # argsort without stable=True
+    return _send_to_owners(ids, owner_of(ids, row_offsets), stable=False)
+
+
+def route_typed_in_offsets(ids, row_offsets):  # the lab's offsets, whatever the argument
+    return route_solution(ids, {2: [0, 3], 3: [0, 4, 8]}[dist.get_world_size()])
+
+
+def route_without_counts(ids, row_offsets):
     world = dist.get_world_size()
-    owner = ids // math.ceil(num_rows / world)
+    owner = owner_of(ids, row_offsets)
     send = ids[torch.argsort(owner, stable=True)]
     send_counts = torch.bincount(owner, minlength=world)
     received = torch.empty_like(send)  # guesses: as many as I send
@@ -74,21 +129,25 @@ def route_without_counts(ids, num_rows):
     return received
 
 
-def route_sorted(ids, num_rows):
-    return torch.sort(route_solution(ids, num_rows)).values
+def route_sorted(ids, row_offsets):
+    return torch.sort(route_solution(ids, row_offsets)).values
 
 
-def route_by_all_gather(ids, num_rows):
+def route_by_sorting_the_ids(ids, row_offsets):  # sorted ids are grouped by owner too, but lose the sender's order
+    owner = owner_of(ids, row_offsets)
+    return _send_to_owners(torch.sort(ids).values, torch.sort(owner).values)
+
+
+def route_by_all_gather(ids, row_offsets):
     world = dist.get_world_size()
     parts = [None] * world
     dist.all_gather_object(parts, ids)
-    block = math.ceil(num_rows / world)
-    return torch.cat([p[p // block == dist.get_rank()] for p in parts])
+    return torch.cat([p[owner_of(p, row_offsets) == dist.get_rank()] for p in parts])
 
 
-def route_with_own_counts(ids, num_rows):  # assumes it receives what it sends: gloo aborts the process
+def route_with_own_counts(ids, row_offsets):  # assumes it receives what it sends: gloo aborts the process
     world = dist.get_world_size()
-    owner = ids // math.ceil(num_rows / world)
+    owner = owner_of(ids, row_offsets)
     send = ids[torch.argsort(owner, stable=True)]
     counts = torch.bincount(owner, minlength=world).tolist()
     received = torch.empty(len(ids), dtype=ids.dtype)
@@ -96,21 +155,21 @@ def route_with_own_counts(ids, num_rows):  # assumes it receives what it sends: 
     return received
 
 
-def route_on_rank_0_only(ids, num_rows):
+def route_on_rank_0_only(ids, row_offsets):
     if dist.get_rank() == 0:
-        return route_solution(ids, num_rows)
+        return route_solution(ids, row_offsets)
     return ids
 
 
-def route_with_a_typo(ids, num_rows):
-    return route_solution(ids, num_row)  # noqa: F821
+def route_with_a_typo(ids, row_offsets):
+    return route_solution(ids, row_offset)  # noqa: F821
 
 
-def route_as_float(ids, num_rows):
-    return route_solution(ids, num_rows).float()
+def route_as_float(ids, row_offsets):
+    return route_solution(ids, row_offsets).float()
 
 
-def route_unwritten(ids, num_rows):
+def route_unwritten(ids, row_offsets):
     raise NotImplementedError()
 
 
@@ -119,13 +178,32 @@ def test_route_check_accepts_the_solution(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+@pytest.mark.parametrize("right", [route_by_bucketize, route_by_comparison])
+def test_route_check_accepts_other_ways_to_find_the_owner(right, capsys):
+    lab01.check_route_ids(right)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+UNSEEN_MIDDLE = "on 3 ranks with row_offsets [0, 6, 6] (not in the lab)"
+UNSEEN_LAST = "on 3 ranks with row_offsets [0, 2, 9] (not in the lab)"
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
         (route_modulo, r"id % 2"),
-        (route_by_floor_blocks, r"exactly world_size entries(.|\n)*not // floor"),
+        # owners up to 3 on 2 ranks: one rank's counts tensor is longer, and gloo says so or aborts the other rank
+        (route_by_first_block, r"failed on 2 ranks(.|\n)*(the last rank owns every row from its offset|disagreed about how many)"),
+        (route_by_first_block_clamped, re.escape(f"{UNSEEN_MIDDLE}, rank 1, which owns no rows") + r"(.|\n)*shard is empty"),
+        (route_rows_from_the_ids, r"on 2 ranks with row_offsets \[0, 3\], rank 0, which owns rows \[0, 3\)(.|\n)*no block size fits"),
+        (route_left_of_the_boundary, r"rank 0, which owns rows \[0, 3\)(.|\n)*id 3 is the first row of rank 1's shard"),
+        (route_left_minus_one, r"owner came out negative(.|\n)*`right` argument"),
+        (route_first_equal_offset, re.escape(f"{UNSEEN_MIDDLE}, rank 1, which owns no rows, received ids [6, 6, 6]")),
+        (route_unstable, re.escape(f"{UNSEEN_LAST}, rank 0 holds the right ids in the wrong order") + r"(.|\n)*stable=True"),
+        (route_typed_in_offsets, re.escape(UNSEEN_MIDDLE)),
         (route_without_counts, r"exchange the counts first"),
         (route_sorted, r"wrong order \(they were sorted\)"),
+        (route_by_sorting_the_ids, r"wrong order"),
         (route_by_all_gather, r"travelled by all_gather_object"),
         (route_as_float, r"dtype=ids.dtype"),
         (route_unwritten, r"not written yet"),
@@ -140,8 +218,8 @@ def test_route_check_rejects_wrong_answers(wrong, words):
 
 
 def test_route_check_names_the_wrong_order_within_a_sender():
-    def reversed_within_sender(ids, num_rows):
-        return route_solution(ids.flip(0), num_rows)
+    def reversed_within_sender(ids, row_offsets):
+        return route_solution(ids.flip(0), row_offsets)
 
     with pytest.raises(CheckFailed, match="wrong order") as info:
         lab01.check_route_ids(reversed_within_sender)
@@ -149,11 +227,20 @@ def test_route_check_names_the_wrong_order_within_a_sender():
 
 
 def test_route_check_catches_a_wrong_output_size_that_does_not_crash():
-    def truncated(ids, num_rows):  # right ids, but only as many as this rank sent
-        return route_solution(ids, num_rows)[: len(ids)]
+    def truncated(ids, row_offsets):  # right ids, but only as many as this rank sent
+        return route_solution(ids, row_offsets)[: len(ids)]
 
-    with pytest.raises(CheckFailed, match="rank 1 returned 3 ids but owns 5"):
+    with pytest.raises(CheckFailed, match="rank 1 returned 3 ids but owns 7"):
         lab01.check_route_ids(truncated)
+
+
+def route_appending_the_table_end(ids, row_offsets):  # "closes" the offsets with the table's end: the caller's list grows
+    row_offsets.append(10**9)
+    return _send_to_owners(ids, torch.searchsorted(torch.tensor(row_offsets), ids, right=True) - 1)
+
+
+def test_route_check_rejects_an_answer_that_changes_the_offsets():
+    rejects(lab01.check_route_ids, route_appending_the_table_end, match="changed its argument 2 (a list) in place")
 
 
 # -------------------------------------------------------------------------------- global_mean
@@ -380,24 +467,21 @@ def test_slice_check_rejects_wrong_answers(wrong, words):
 # ------------------------------------------------------------------ more wrong answers (adversarial review)
 
 
-def route_counts_then_gather_everything(ids, num_rows):  # counts by all-to-all, then every id to every rank
+def route_counts_then_gather_everything(ids, row_offsets):  # counts by all-to-all, then every id to every rank
     world = dist.get_world_size()
-    block = math.ceil(num_rows / world)
-    send_counts = torch.bincount(ids // block, minlength=world)
+    send_counts = torch.bincount(owner_of(ids, row_offsets), minlength=world)
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
     parts = [None] * world
     dist.all_gather_object(parts, ids.tolist())
-    return torch.tensor([i for part in parts for i in part if i // block == dist.get_rank()], dtype=ids.dtype)
+    mine = [i for part in parts for i in part]
+    return torch.tensor([i for i, o in zip(mine, owner_of(torch.tensor(mine), row_offsets).tolist()) if o == dist.get_rank()],
+                        dtype=ids.dtype)
 
 
-def route_proportional_owner(ids, num_rows):  # id * world // num_rows: right on 2 ranks, not for 10 rows on 3
-    return _send_to_owners(ids, ids * dist.get_world_size() // num_rows)
-
-
-def route_counts_by_all_gather(ids, num_rows):  # another right answer: the counts by all_gather, the ids by all-to-all
+def route_counts_by_all_gather(ids, row_offsets):  # another right answer: the counts by all_gather, the ids by all-to-all
     world, rank = dist.get_world_size(), dist.get_rank()
-    owner = ids // math.ceil(num_rows / world)
+    owner = owner_of(ids, row_offsets)
     send = ids[torch.argsort(owner, stable=True)]
     send_counts = torch.bincount(owner, minlength=world)
     every = [torch.empty_like(send_counts) for _ in range(world)]
@@ -412,7 +496,6 @@ def route_counts_by_all_gather(ids, num_rows):  # another right answer: the coun
     "wrong, words",
     [
         (route_counts_then_gather_everything, "the ids themselves travelled by all_gather_object"),
-        (route_proportional_owner, "are not its own: owner = id // ceil(num_rows / world_size)"),
     ],
 )
 def test_route_check_rejects_more_wrong_answers(wrong, words):
@@ -427,11 +510,10 @@ def test_route_check_accepts_counts_exchanged_by_all_gather(capsys):
 # ------------------------------------------------------------------ answers that change what they were handed
 
 
-def route_sorting_the_callers_ids(ids, num_rows):  # right ids arrive, but the caller's ids are now reordered
-    owner = ids // math.ceil(num_rows / dist.get_world_size())
-    order = torch.argsort(owner, stable=True)
+def route_sorting_the_callers_ids(ids, row_offsets):  # right ids arrive, but the caller's ids are now reordered
+    order = torch.argsort(owner_of(ids, row_offsets), stable=True)
     ids[:] = ids[order].clone()
-    return route_solution(ids, num_rows)
+    return route_solution(ids, row_offsets)
 
 
 def mean_casting_the_callers_tensor(x):  # "more precision": the caller's tensor is now float64
@@ -463,28 +545,18 @@ def test_answers_that_change_their_input_are_rejected(check, wrong):
 # ------------------------------------------------------------------ more wrong answers (a second adversarial review)
 
 
-def route_for_ten_rows(ids, num_rows):  # the lab's 10 rows typed in
-    return route_solution(ids, 10)
-
-
-def route_rows_from_the_ids(ids, num_rows):  # the range read off the largest id anywhere: 10 rows in both lab cases
-    top = ids.max().reshape(1) if ids.numel() else torch.zeros(1, dtype=ids.dtype)
-    dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    return route_solution(ids, int(top) + 1)
-
-
-def route_everything_then_filter(ids, num_rows):  # every id to every rank by all-to-all, each keeps its own
+def route_everything_then_filter(ids, row_offsets):  # every id to every rank by all-to-all, each keeps its own
     world, rank = dist.get_world_size(), dist.get_rank()
     counts = torch.full((world,), ids.numel(), dtype=torch.int64)
     received_counts = torch.empty_like(counts)
     dist.all_to_all_single(received_counts, counts)
     received = torch.empty(int(received_counts.sum()), dtype=ids.dtype)
     dist.all_to_all_single(received, ids.repeat(world), received_counts.tolist(), counts.tolist())
-    return received[received // math.ceil(num_rows / world) == rank]
+    return received[owner_of(received, row_offsets) == rank]
 
 
-def route_as_int32(ids, num_rows):
-    return route_solution(ids, num_rows).to(torch.int32)
+def route_as_int32(ids, row_offsets):
+    return route_solution(ids, row_offsets).to(torch.int32)
 
 
 def mean_typed_in(x):  # the lab prints every rank's values: the two means worked out by hand
@@ -513,8 +585,6 @@ def slice_as_long(x):
 @pytest.mark.parametrize(
     "check, wrong, words",
     [
-        (lab01.check_route_ids, route_for_ten_rows, "on 3 ranks"),
-        (lab01.check_route_ids, route_rows_from_the_ids, "on 3 ranks"),
         (lab01.check_route_ids, route_everything_then_filter, "went to ranks that do not own them"),
         (lab01.check_route_ids, route_as_int32, "torch.int32 ids"),
         (lab01.check_global_mean, mean_typed_in, "on 2 ranks, rank 0 returned 1.75"),
@@ -537,9 +607,9 @@ def slice_by_padded_reduce_scatter(x):  # FSDP's way: pad every slice to the lar
     return out[: slices[r].numel()]
 
 
-def route_with_positions(ids, num_rows):  # right, if wasteful: each id's position travels beside it
+def route_with_positions(ids, row_offsets):  # right, if wasteful: each id's position travels beside it
     world = dist.get_world_size()
-    owner = ids // math.ceil(num_rows / world)
+    owner = owner_of(ids, row_offsets)
     order = torch.argsort(owner, stable=True)
     send_counts = torch.bincount(owner, minlength=world)
     recv_counts = torch.empty_like(send_counts)

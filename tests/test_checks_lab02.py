@@ -82,187 +82,7 @@ def test_kjt_check_rejects_wrong_answers(wrong, words):
 # ------------------------------------------------------------------------------------------ exercise 2
 
 
-def test_width_check_accepts_the_solution(capsys):
-    lab02.check_pooled_width(lambda tables: sum(t.embedding_dim * len(t.feature_names) for t in tables))
-    assert capsys.readouterr().out.startswith("✓")
-
-
-def test_width_check_accepts_the_library_helper(capsys):
-    from course_lib.models import pooled_width
-
-    lab02.check_pooled_width(pooled_width)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (lambda tables: tables[0].embedding_dim, "one table's width"),  # only one table
-        (lambda tables: max(t.embedding_dim for t in tables), "EmbeddingCollection"),  # EC-style, one dim
-        (lambda tables: sum(t.embedding_dim for t in tables), "each FEATURE"),  # per table, shared features missed
-        (lambda tables: sum(len(t.feature_names) for t in tables), "counted features"),
-        (lambda tables: float(sum(t.embedding_dim * len(t.feature_names) for t in tables)), "return an int"),
-    ],
-)
-def test_width_check_rejects_wrong_answers(wrong, words):
-    with pytest.raises(CheckFailed, match=words):
-        lab02.check_pooled_width(wrong)
-
-
 # ------------------------------------------------------------------------------------------ exercise 3
-
-
-def _tables():
-    return [
-        EmbeddingBagConfig(name="user_table", embedding_dim=128, num_embeddings=10_000, feature_names=["user_id"]),
-        EmbeddingBagConfig(name="item_table", embedding_dim=128, num_embeddings=10_000, feature_names=["item_id"]),
-    ]
-
-
-class Fixed(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ebc = EmbeddingBagCollection(tables=_tables(), device=torch.device("cpu"))
-        self.linear = torch.nn.Linear(256, 1)
-
-    def forward(self, x):
-        return self.linear(self.ebc(x).values())
-
-
-class Seed(Fixed):  # the tutorials' model: both bugs
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(512, 1)
-
-    def forward(self, x):
-        return self.linear(torch.cat([emb for emb in self.ebc(x).values()]))
-
-
-class OnlyLinearFixed(Fixed):  # width fixed, rows still iterated
-    def forward(self, x):
-        return self.linear(torch.cat([emb for emb in self.ebc(x).values()]))
-
-
-class OnlyRowsFixed(Seed):  # rows fixed, Linear still 512 wide
-    def forward(self, x):
-        return self.linear(self.ebc(x).values())
-
-
-class OneTable(Fixed):  # runs, but feeds only one feature
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(128, 1)
-
-    def forward(self, x):
-        return self.linear(self.ebc(x).to_dict()["user_id"])
-
-
-class Flattened(Fixed):  # one logit per sample, but [B] instead of [B, 1]
-    def forward(self, x):
-        return self.linear(self.ebc(x).values()).squeeze(1)
-
-
-class SourceExact(Seed):  # the source text's forward: torch.cat(..., dim=1) over the rows
-    def forward(self, x):
-        return self.linear(torch.cat([emb for emb in self.ebc(x).values()], dim=1))
-
-
-class WiderTables(Fixed):  # makes 512 fit by doubling the tables' dim
-    def __init__(self):
-        super().__init__()
-        tables = [EmbeddingBagConfig(name=t.name, embedding_dim=256, num_embeddings=10_000, feature_names=t.feature_names) for t in _tables()]
-        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
-        self.linear = torch.nn.Linear(512, 1)
-
-
-class SmallerTables(Fixed):  # fewer rows: ids up to 9,999 no longer have one
-    def __init__(self):
-        super().__init__()
-        tables = [EmbeddingBagConfig(name=t.name, embedding_dim=128, num_embeddings=1_000, feature_names=t.feature_names) for t in _tables()]
-        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
-
-
-class PaddedTo512(Seed):  # keeps Linear(512) and pads the features with zeros
-    def forward(self, x):
-        return self.linear(torch.nn.functional.pad(self.ebc(x).values(), (0, 256)))
-
-
-class RepeatedTo512(Seed):  # keeps Linear(512) and feeds the features twice
-    def forward(self, x):
-        values = self.ebc(x).values()
-        return self.linear(torch.cat([values, values], dim=1))
-
-
-class SummedFeatures(Fixed):  # adds user and item vectors: 128 wide, both tables get gradients
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(128, 1)
-
-    def forward(self, x):
-        return self.linear(sum(self.ebc(x).to_dict().values()))
-
-
-class ReshapedTo512(Seed):  # reshapes the batch to fit the Linear
-    def forward(self, x):
-        return self.linear(self.ebc(x).values().reshape(-1, 512))
-
-
-class Detached(Fixed):  # the tables never learn
-    def forward(self, x):
-        return self.linear(self.ebc(x).values().detach())
-
-
-class PerFeature(Fixed):  # the other right answer: per-feature tensors, concatenated on dim 1
-    def forward(self, x):
-        return self.linear(torch.cat(list(self.ebc(x).to_dict().values()), dim=1))
-
-
-def test_model_check_accepts_per_feature_concatenation(capsys):
-    lab02.check_fixed_model(PerFeature)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-def test_model_check_accepts_the_solution(capsys):
-    lab02.check_fixed_model(Fixed)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-def test_model_check_accepts_the_library_model(capsys):
-    from course_lib.models import SimpleRecModel
-
-    lab02.check_fixed_model(SimpleRecModel)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (Seed, r"(?s)1x768 and 512x1.*ROWS.*size the Linear"),
-        (OnlyLinearFixed, r"1x768 and 256x1\)\nhint: iterating"),
-        (OnlyRowsFixed, r"3x256 and 512x1\)\nhint: the EBC gives 256"),
-        (OneTable, "does not reach table 'item_table'"),
-        (Flattened, r"output \(3,\), expected \(3, 1\)"),
-        (SourceExact, r"(?s)Dimension out of range.*1-D rows"),
-        (WiderTables, r"tables changed"),
-        (SmallerTables, r"tables changed"),
-        (PaddedTo512, r"no Linear takes 256 inputs"),
-        (RepeatedTo512, r"no Linear takes 256 inputs"),
-        (SummedFeatures, r"no Linear takes 256 inputs"),
-        (ReshapedTo512, r"reshaping the batch to fit the Linear mixes samples"),
-        (Detached, r"does not reach table"),
-    ],
-)
-def test_model_check_rejects_wrong_answers(wrong, words):
-    with pytest.raises(CheckFailed, match=words):
-        lab02.check_fixed_model(wrong)
-
-
-def test_seed_with_a_batch_of_two_is_caught_as_silently_wrong():
-    class SeedWidth256Rows(Seed):  # Linear(512) and rows: a batch of 2 runs and returns one number
-        pass
-
-    model = SeedWidth256Rows()
-    assert model(lab02.rec_batch(2)).shape == (1,)  # the silent failure the lab shows
 
 
 def test_rec_batch_is_key_major_and_deterministic():
@@ -432,18 +252,6 @@ def test_kjt_check_rejects_more_wrong_answers(wrong, words):
         lab02.check_kjt_from_samples(wrong)
 
 
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (lambda tables: len(tables) * tables[0].embedding_dim, "pooled_width gave 32, but the EBC's .values\\(\\) is 24 wide"),
-        (lambda tables: sum(t.embedding_dim for t in tables) * max(len(t.feature_names) for t in tables), "is 20 wide"),
-    ],
-)
-def test_width_check_rejects_more_wrong_answers(wrong, words):
-    with pytest.raises(CheckFailed, match=words):
-        lab02.check_pooled_width(wrong)
-
-
 # ------------------------------------------------------------------ more wrong answers (adversarial review)
 
 
@@ -481,59 +289,6 @@ def test_kjt_check_rejects_answers_that_reorder_or_change_the_samples(wrong, wor
     rejects(lab02.check_kjt_from_samples, wrong, match=words)
 
 
-class ConcatenatedOnDim0(Fixed):  # [2B, 128] viewed as [B, 256]: a row holds two users, or two items
-    def forward(self, x):
-        return self.linear(torch.cat(list(self.ebc(x).to_dict().values()), dim=0).view(-1, 256))
-
-
-class StackedAndReshaped(Fixed):  # [2, B, 128] reshaped to [B, 256]: the same mix
-    def forward(self, x):
-        pooled = self.ebc(x).to_dict()
-        return self.linear(torch.stack([pooled["user_id"], pooled["item_id"]]).reshape(-1, 256))
-
-
-class AveragedOverTheBatch(Fixed):  # one vector for the whole batch, repeated: every sample gets one logit
-    def forward(self, x):
-        values = self.ebc(x).values()
-        return self.linear(values.mean(0, keepdim=True).expand(values.shape[0], -1))
-
-
-class LinearLeftUnused(Fixed):  # Linear(256, 1) defined, the output a sum of the features
-    def forward(self, x):
-        return self.ebc(x).values().sum(1, keepdim=True)
-
-
-class LinearRemoved(Fixed):
-    def __init__(self):
-        super().__init__()
-        del self.linear
-
-    def forward(self, x):
-        return self.ebc(x).values().sum(1, keepdim=True)
-
-
-class OneSharedTable(Fixed):  # rows x dim per feature unchanged, but user and item ids now share rows
-    def __init__(self):
-        super().__init__()
-        table = EmbeddingBagConfig(name="t_ids", embedding_dim=128, num_embeddings=10_000, feature_names=["user_id", "item_id"])
-        self.ebc = EmbeddingBagCollection(tables=[table], device=torch.device("cpu"))
-
-
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (ConcatenatedOnDim0, "the model mixes the samples of a batch"),
-        (StackedAndReshaped, "the model mixes the samples of a batch"),
-        (AveragedOverTheBatch, "the model mixes the samples of a batch"),
-        (LinearLeftUnused, "the Linear that takes 256 inputs gets no gradient"),
-        (LinearRemoved, "the model has no Linear layer"),
-        (OneSharedTable, "now share one table"),
-    ],
-)
-def test_model_check_rejects_answers_that_fit_the_shapes_but_change_the_model(wrong, words):
-    rejects(lab02.check_fixed_model, wrong, match=words)
-
-
 def two_tables_of_one_name(vocab_size, dim, budget_bytes):  # an EBC refuses them: the check says so
     if 2 * vocab_size * dim * 4 <= budget_bytes:
         return [EmbeddingBagConfig(name="t_word", num_embeddings=vocab_size, embedding_dim=dim, feature_names=[f]) for f in ("query", "title")]
@@ -542,15 +297,6 @@ def two_tables_of_one_name(vocab_size, dim, budget_bytes):  # an EBC refuses the
 
 def test_word_tables_check_reports_tables_an_ebc_refuses():
     rejects(lab02.check_word_tables, two_tables_of_one_name, match="Duplicate table name t_word")
-
-
-def test_pooled_width_that_sorts_the_callers_tables_is_rejected():
-    def sorting_in_place(tables):  # the right width, but the caller's list is now in another order
-        tables.sort(key=lambda t: -t.embedding_dim)
-        return sum(t.embedding_dim * len(t.feature_names) for t in tables)
-
-    with pytest.raises(CheckFailed, match=r"pooled_width changed its argument 1 \(a list\) in place"):
-        lab02.check_pooled_width(sorting_in_place)
 
 
 # ------------------------------------------------------------------ a second adversarial review
@@ -583,22 +329,405 @@ def test_checks_reject_answers_right_only_on_the_first_cases(check, wrong, words
         check(wrong)
 
 
-def test_width_check_accepts_a_numpy_integer(capsys):
+# ------------------------------------------------------------------------ exercise 2 · which columns hold a feature
+
+
+def feature_columns(tables):
+    columns, start = {}, 0
+    for table in tables:
+        for feature in table.feature_names:
+            columns[feature] = slice(start, start + table.embedding_dim)
+            start += table.embedding_dim
+    return columns
+
+
+def test_columns_check_accepts_the_solution(capsys):
+    lab02.check_feature_columns(feature_columns)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def by_building_the_ebc(tables):  # another right answer: ask a real EBC's KeyedTensor
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    keys = [f for t in tables for f in t.feature_names]
+    kjt = KeyedJaggedTensor(keys=keys, values=torch.zeros(len(keys), dtype=torch.long), lengths=torch.ones(len(keys), dtype=torch.long))
+    pooled = ebc(kjt)
+    starts = pooled.offset_per_key()
+    return {key: slice(starts[i], starts[i + 1]) for i, key in enumerate(pooled.keys())}
+
+
+def with_numpy_ends(tables):  # another right answer: NumPy integers as the slice's ends
     import numpy as np
 
-    lab02.check_pooled_width(lambda tables: np.sum([t.embedding_dim * len(t.feature_names) for t in tables]))
+    return {f: slice(np.int64(s.start), np.int64(s.stop)) for f, s in feature_columns(tables).items()}
+
+
+@pytest.mark.parametrize("right", [by_building_the_ebc, with_numpy_ends])
+def test_columns_check_accepts_other_right_answers(right, capsys):
+    lab02.check_feature_columns(right)
     assert capsys.readouterr().out.startswith("✓")
+
+
+def alphabetical(tables):  # the features sorted by name
+    widths = sorted((f, t.embedding_dim) for t in tables for f in t.feature_names)
+    columns, start = {}, 0
+    for feature, dim in widths:
+        columns[feature], start = slice(start, start + dim), start + dim
+    return columns
+
+
+def tables_by_name(tables):  # the tables sorted by name, as if the EBC kept them in a sorted dict
+    return feature_columns(sorted(tables, key=lambda t: t.name))
+
+
+def features_sorted_within_a_table(tables):
+    return feature_columns([EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                                               feature_names=sorted(t.feature_names)) for t in tables])
+
+
+def one_slot_per_table(tables):  # a shared table's features all get the table's one slot
+    columns, start = {}, 0
+    for table in tables:
+        for feature in table.feature_names:
+            columns[feature] = slice(start, start + table.embedding_dim)
+        start += table.embedding_dim
+    return columns
+
+
+def first_feature_only(tables):
+    return {t.feature_names[0]: s for t, s in zip(tables, one_slot_per_table(tables).values())}
+
+
+def stop_included(tables):  # the last column as the stop
+    return {f: slice(s.start, s.stop - 1) for f, s in feature_columns(tables).items()}
+
+
+def as_pairs(tables):
+    return {f: (s.start, s.stop) for f, s in feature_columns(tables).items()}
+
+
+def by_table_name(tables):  # the tables' names as keys
+    return {t.name: s for t, s in zip(tables, feature_columns(tables).values())}
+
+
+def equal_dims(tables):  # every feature as wide as the first table
+    features = [f for t in tables for f in t.feature_names]
+    d = tables[0].embedding_dim
+    return {f: slice(i * d, (i + 1) * d) for i, f in enumerate(features)}
+
+
+def the_labs_tables(tables):  # section 3's two tables, typed in
+    return {"user": slice(0, 4), "items": slice(4, 6)}
+
+
+def sorts_the_callers_tables(tables):  # right columns for the sorted list, and the caller's list is now sorted
+    tables.sort(key=lambda t: t.name)
+    return feature_columns(tables)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (alphabetical, "feature 'user' got columns 8:24, but .values() holds it in columns 0:16"),
+        (tables_by_name, "not the names' alphabetical order"),
+        (features_sorted_within_a_table, "feature 'title' got columns 4:8, but .values() holds it in columns 0:4"),
+        (features_sorted_within_a_table, "within a table the order of its feature_names"),
+        (one_slot_per_table, "a shared table once per feature"),
+        (first_feature_only, "one slot per feature"),
+        (stop_included, "a slice's stop is not included"),
+        (as_pairs, "maps to (0, 16), not a slice of columns"),
+        (by_table_name, "the tables' feature names, not the tables' names"),
+        (equal_dims, "feature 'item' got columns 16:32"),
+        (the_labs_tables, "feature_columns has entries for ['items', 'user']"),
+        (sorts_the_callers_tables, "feature_columns changed its argument 1 (a list) in place"),
+    ],
+)
+def test_columns_check_rejects_wrong_answers(wrong, words):
+    rejects(lab02.check_feature_columns, wrong, match=words)
+
+
+def test_column_cases_put_the_shortcuts_wrong():
+    """In the check's sets of tables the alphabetical order, the tables' names and the order within a table each
+    differ from the EBC's order somewhere; the KJT the check feeds comes in reverse order, and changes nothing."""
+    cases = lab02._column_cases()
+    real = [lab02._measured_columns(tables) for tables in cases]
+    assert any(list(columns) != sorted(columns) for columns in real)
+    assert any([t.name for t in tables] != sorted(t.name for t in tables) for tables in cases)
+    assert any(t.feature_names != sorted(t.feature_names) for tables in cases for t in tables)
+    assert all({f: (s.start, s.stop) for f, s in feature_columns(t).items()} == r for t, r in zip(cases, real))
+
+
+# ----------------------------------------------------------------------- exercise 4 · fix the model, with a dot product
+
+
+def pooled_width(tables):
+    return sum(t.embedding_dim * len(t.feature_names) for t in tables)
+
+
+def dot(pooled):
+    vectors = pooled.to_dict()
+    return (vectors["user_id"] * vectors["item_id"]).sum(dim=1, keepdim=True)
+
+
+class Fixed(torch.nn.Module):
+    def __init__(self, tables):
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+        self.linear = torch.nn.Linear(pooled_width(tables), 1)
+
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return self.linear(pooled.values()) + dot(pooled)
+
+
+def test_model_check_accepts_the_solution(capsys):
+    lab02.check_fixed_model(Fixed)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+class PerFeature(Fixed):  # another right answer: per-feature tensors, concatenated on dim 1
+    def forward(self, x):
+        vectors = self.ebc(x).to_dict()
+        return self.linear(torch.cat(list(vectors.values()), dim=1)) + (vectors["user_id"] * vectors["item_id"]).sum(1, keepdim=True)
+
+
+class ByColumns(Fixed):  # another right answer: the user and item vectors sliced by their columns, found by name
+    def forward(self, x):
+        pooled = self.ebc(x)
+        values, starts, keys = pooled.values(), pooled.offset_per_key(), pooled.keys()
+        u, i = (keys.index(f) for f in ("user_id", "item_id"))
+        user, item = values[:, starts[u]:starts[u + 1]], values[:, starts[i]:starts[i + 1]]
+        return self.linear(values) + (user * item).sum(1, keepdim=True)
 
 
 class WithDropout(Fixed):  # a right model with dropout before the Linear: random in training, not mixing samples
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tables):
+        super().__init__(tables)
         self.dropout = torch.nn.Dropout(0.1)
 
     def forward(self, x):
-        return self.linear(self.dropout(self.ebc(x).values()))
+        pooled = self.ebc(x)
+        return self.linear(self.dropout(pooled.values())) + dot(pooled)
 
 
-def test_model_check_accepts_dropout(capsys):  # was: "the model mixes the samples of a batch"
-    lab02.check_fixed_model(WithDropout)
+@pytest.mark.parametrize("right", [PerFeature, ByColumns, WithDropout])
+def test_model_check_accepts_other_right_models(right, capsys):
+    lab02.check_fixed_model(right)
     assert capsys.readouterr().out.startswith("✓")
+
+
+class SourceExact(Fixed):  # the source text's forward, Linear(512), plus the dot product
+    def __init__(self, tables):
+        super().__init__(tables)
+        self.linear = torch.nn.Linear(512, 1)
+
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return self.linear(torch.cat([emb for emb in pooled.values()], dim=1)) + dot(pooled)
+
+
+class RowsIterated(Fixed):  # the variant's forward: torch.cat without dim=1 over the rows
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return self.linear(torch.cat([emb for emb in pooled.values()])) + dot(pooled)
+
+
+class TypedIn512(Fixed):  # rows fixed, Linear still the seed's 512
+    def __init__(self, tables):
+        super().__init__(tables)
+        self.linear = torch.nn.Linear(512, 1)
+
+
+class TypedIn256(Fixed):  # the seed's width, typed in: right for 128 + 128 only
+    def __init__(self, tables):
+        super().__init__(tables)
+        self.linear = torch.nn.Linear(256, 1)
+
+
+class TypedIn128Slices(Fixed):  # the user and item vectors cut from .values() at a typed-in 128
+    def forward(self, x):
+        values = self.ebc(x).values()
+        return self.linear(values) + (values[:, :128] * values[:, 128:256]).sum(1, keepdim=True)
+
+
+class ByPosition(Fixed):  # the first two slots, one table's dim wide: right while user and item come first
+    def forward(self, x):
+        values, d = self.ebc(x).values(), self.ebc.embedding_bag_configs()[0].embedding_dim
+        return self.linear(values) + (values[:, :d] * values[:, d:2 * d]).sum(1, keepdim=True)
+
+
+class NoDot(Fixed):  # the seed fixed, and no more: the library's SimpleRecModel
+    def forward(self, x):
+        return self.linear(self.ebc(x).values())
+
+
+class UserWithItself(Fixed):
+    def forward(self, x):
+        pooled = self.ebc(x)
+        user = pooled.to_dict()["user_id"]
+        return self.linear(pooled.values()) + (user * user).sum(1, keepdim=True)
+
+
+class DotNotSummed(Fixed):  # the elementwise product, averaged instead of summed
+    def forward(self, x):
+        pooled = self.ebc(x)
+        vectors = pooled.to_dict()
+        return self.linear(pooled.values()) + (vectors["user_id"] * vectors["item_id"]).mean(1, keepdim=True)
+
+
+class IgnoresTheTables(Fixed):  # builds the seed's tables whatever it is given
+    def __init__(self, tables):
+        super().__init__(lab02.SEED_TABLES())
+
+
+class TakesNoTables(torch.nn.Module):  # the old exercise's signature
+    def __init__(self):
+        super().__init__()
+        self.inner = Fixed(lab02.SEED_TABLES())
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class WiderTables(Fixed):  # makes 512 fit by doubling the tables' dim
+    def __init__(self, tables):
+        super().__init__([EmbeddingBagConfig(name=t.name, embedding_dim=2 * t.embedding_dim, num_embeddings=t.num_embeddings,
+                                             feature_names=t.feature_names) for t in tables])
+
+
+class SmallerTables(Fixed):  # fewer rows: the largest ids no longer have one
+    def __init__(self, tables):
+        super().__init__([EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings // 10,
+                                             feature_names=t.feature_names) for t in tables])
+
+
+class OneSharedTable(Fixed):  # rows x dim per feature unchanged, but user and item ids now share rows
+    def __init__(self, tables):
+        user = next(t for t in tables if t.feature_names == ["user_id"])
+        rest = [t for t in tables if t.feature_names not in (["user_id"], ["item_id"])]
+        super().__init__(rest + [EmbeddingBagConfig(name="t_ids", embedding_dim=user.embedding_dim, num_embeddings=user.num_embeddings,
+                                                    feature_names=["user_id", "item_id"])])
+
+
+class OneTableToTheLinear(Fixed):  # the Linear reads the user vector only
+    def __init__(self, tables):
+        super().__init__(tables)
+        self.linear = torch.nn.Linear(next(t.embedding_dim for t in tables if t.feature_names == ["user_id"]), 1)
+
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return self.linear(pooled.to_dict()["user_id"]) + dot(pooled)
+
+
+class PaddedTo512(TypedIn512):  # keeps Linear(512) and pads the features with zeros
+    def forward(self, x):
+        pooled = self.ebc(x)
+        values = pooled.values()
+        return self.linear(torch.nn.functional.pad(values, (0, 512 - values.shape[1]))) + dot(pooled)
+
+
+class SummedFeatures(Fixed):  # adds the user and item vectors: one table's width, both tables get gradients
+    def __init__(self, tables):
+        super().__init__(tables)
+        self.linear = torch.nn.Linear(tables[0].embedding_dim, 1)
+
+    def forward(self, x):
+        pooled = self.ebc(x)
+        vectors = pooled.to_dict()
+        return self.linear(vectors["user_id"] + vectors["item_id"]) + dot(pooled)
+
+
+class ReshapedTo512(TypedIn512):  # reshapes the batch to fit the Linear
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return self.linear(pooled.values().reshape(-1, 512)) + dot(pooled)
+
+
+class Detached(Fixed):  # the tables never learn
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return (self.linear(pooled.values()) + dot(pooled)).detach().requires_grad_()
+
+
+class Flattened(Fixed):  # one logit per sample, but [B] instead of [B, 1]
+    def forward(self, x):
+        return super().forward(x).squeeze(1)
+
+
+class ConcatenatedOnDim0(Fixed):  # per-feature tensors on dim 0, viewed as [B, width]: rows mix samples
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return self.linear(torch.cat(list(pooled.to_dict().values()), dim=0).view(-1, self.linear.in_features)) + dot(pooled)
+
+
+class AveragedOverTheBatch(Fixed):  # one vector for the whole batch, repeated
+    def forward(self, x):
+        pooled = self.ebc(x)
+        values = pooled.values()
+        return self.linear(values.mean(0, keepdim=True).expand(values.shape[0], -1)) + dot(pooled)
+
+
+class LinearLeftUnused(Fixed):  # Linear defined, the output the dot product and a sum of the features
+    def forward(self, x):
+        pooled = self.ebc(x)
+        return pooled.values().sum(1, keepdim=True) + dot(pooled)
+
+
+class LinearRemoved(LinearLeftUnused):
+    def __init__(self, tables):
+        super().__init__(tables)
+        del self.linear
+
+
+SEED, ITEM_FIRST, CITY_FIRST = (case for case, _ in lab02._model_cases())
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (SourceExact, f"with {SEED}, a batch of 3 fails: IndexError: Dimension out of range"),
+        (RowsIterated, "ROWS of the [B, 256] tensor"),
+        (TypedIn512, "(3x256 and 512x1)"),
+        (TypedIn256, f"with {ITEM_FIRST}, a batch of 3 fails"),
+        (TypedIn128Slices, "by feature name"),
+        (ByPosition, f"with {CITY_FIRST}, sample 0's logit is"),
+        (NoDot, "the dot product of each sample's user and item vectors is missing"),
+        (UserWithItself, f"with {SEED}, sample 0's logit is"),
+        (DotNotSummed, "by feature name"),
+        (IgnoresTheTables, f"with {ITEM_FIRST}, the tables changed"),
+        (TakesNoTables, "take them as the argument"),
+        (WiderTables, "the tables changed"),
+        (SmallerTables, "the tables changed"),
+        (OneSharedTable, "now share one table"),
+        (OneTableToTheLinear, "no Linear takes 256 inputs"),
+        (PaddedTo512, "no Linear takes 256 inputs"),
+        (SummedFeatures, "no Linear takes 256 inputs"),
+        (ReshapedTo512, "reshaping the batch to fit the Linear mixes samples"),
+        (Detached, "does not reach table"),
+        (Flattened, "output (3,), expected (3, 1)"),
+        (ConcatenatedOnDim0, "the model mixes the samples of a batch"),
+        (AveragedOverTheBatch, "the model mixes the samples of a batch"),
+        (LinearLeftUnused, "the Linear that takes 256 inputs gets no gradient"),
+        (LinearRemoved, "the model has no Linear layer"),
+    ],
+)
+def test_model_check_rejects_wrong_answers(wrong, words):
+    rejects(lab02.check_fixed_model, wrong, match=words)
+
+
+def test_the_library_model_is_the_seed_fixed_without_the_dot_product():
+    from course_lib.models import SimpleRecModel
+
+    rejects(lab02.check_fixed_model, SimpleRecModel, match="dot product of each sample's user and item vectors is missing")
+
+
+def test_seed_with_a_batch_of_two_is_caught_as_silently_wrong():
+    class Seed(torch.nn.Module):  # the variant many copies run: Linear(512) over the rows glued into one
+        def __init__(self):
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=lab02.SEED_TABLES(), device=torch.device("cpu"))
+            self.linear = torch.nn.Linear(512, 1)
+
+        def forward(self, x):
+            return self.linear(torch.cat([emb for emb in self.ebc(x).values()]))
+
+    assert Seed()(lab02.rec_batch(2)).shape == (1,)  # the silent failure the lab shows

@@ -66,13 +66,14 @@ def per_table() -> dict[str, Any]:
 # Where the stub is called: the check's process (lab 02, 04 auc_gap, 05 state_bytes, 09), a launched rank
 # (00, 04 wrap, 05, 06, 07, 08), or the check's own `except` (lab 02's "raised ..." reports).
 CASES = {
+    "00 fix_for": (lab00.check_fix_for, [stub("fix_for")], "fix_for"),
     "00 install_plan": (lab00.check_install_plan, [stub("install_plan")], "install_plan"),
     "00 first_group": (lab00.check_first_group, [stub("first_group")], "first_group"),
     "01 route_ids": (lab01.check_route_ids, [stub("route_ids")], "route_ids"),
     "01 global_mean": (lab01.check_global_mean, [stub("global_mean")], "global_mean"),
     "01 slice_of_sum": (lab01.check_slice_of_sum, [stub("my_slice_of_sum")], "my_slice_of_sum"),
     "02 kjt_from_samples": (lab02.check_kjt_from_samples, [stub("kjt_from_samples")], "kjt_from_samples"),
-    "02 pooled_width": (lab02.check_pooled_width, [stub("pooled_width")], "pooled_width"),
+    "02 feature_columns": (lab02.check_feature_columns, [stub("feature_columns")], "feature_columns"),
     "02 word_tables": (lab02.check_word_tables, [stub("word_tables")], "word_tables"),
     "02 fixed_model": (lab02.check_fixed_model, [stub("FixedRecModel")], "FixedRecModel"),
     "03 row_wise": (lab03.check_row_wise, [stub("row_wise_item_plan"), stub("shard_rows")], "row_wise_item_plan"),

@@ -1,4 +1,4 @@
-"""Checks for 00_setup: read a broken install report, decide what to install on a machine (the check installs
+"""Checks for 00_setup: read broken install reports (the check hands the learner's function reports it has not seen), decide what to install on a machine (the check installs
 it in simulation and re-runs the doctor), and run a first process group.
 
 Every machine below is an :class:`EnvFacts` that the course's own probe, :func:`course_lib.env.collect_facts`,
@@ -11,7 +11,7 @@ import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from course_lib.checks import CheckFailed, checked_call, exercise, fail, passed
+from course_lib.checks import CheckFailed, checked_call, exercise, fail, one_line, passed
 from course_lib.env import PINNED_FBGEMM, PINNED_TORCH, PINNED_TORCHMETRICS, PINNED_TORCHREC, EnvFacts, Report, _major_minor, _torch_for, doctor
 
 # What collect_facts records for an import that fails: "ExceptionType: message" (course_lib.env._import_error).
@@ -122,6 +122,16 @@ _HINTS = {
     4: "a driver does not give a laptop a GPU; which backend runs collectives on CPUs?",
     6: "the newest torchrec pairs with an even newer torch: the versions must move together",
 }
+# A right fix number for another diagnosis: what the learner's reading missed, by (diagnosis, fix chosen).
+_MISREAD = {
+    ("version-lockstep", 2): "it ends in the same import error as a wrong fbgemm build, but the ✗ line under it names "
+                             "what is out of step: a torch release",
+    ("fbgemm-cuda-on-cpu", 3): "the ✗ line names a build of fbgemm that cannot load here, not a torch release",
+    ("nccl-without-gpu", 2): "this install imports fine: the ✗ line is about the backend the group asks for",
+    ("nccl-without-gpu", 3): "this install imports fine: the ✗ line is about the backend the group asks for",
+    ("fbgemm-cuda-on-cpu", 5): "this report asks for no backend: the install itself is broken",
+    ("version-lockstep", 5): "this report asks for no backend: the install itself is broken",
+}
 
 
 def broken_reports() -> dict[str, Report]:
@@ -140,26 +150,61 @@ def broken_reports() -> dict[str, Report]:
     }
 
 
+# The torch a plain `pip install torch` brings on Linux: PyPI's CUDA build, NCCL bundled, on a laptop with no GPU.
+_PYPI_TORCH = dict(torch_version="2.13.0+cu126", torch_cuda="12.6", nccl_available=True, nccl_version=TORCH_NCCL)
+
+
+def unseen_reports() -> dict[str, Report]:
+    """Three more reports, simulated as :func:`broken_reports` are, that the lab does not show: the same three
+    diagnoses with other versions, builds and rows (a newer torch, PyPI's CUDA torch on a laptop, 4 ranks), so
+    that a function must read the diagnosis, not recognise a report it has seen."""
+    return {
+        "a laptop with torch 2.14": doctor(facts=_machine(
+            HEALTHY_LAPTOP, torch_version="2.14.0+cpu", fbgemm_import_error=LOAD_ERROR, torchrec_import_error=LOAD_ERROR,
+        )),
+        "a laptop with PyPI's CUDA torch and the CUDA fbgemm": doctor(facts=_machine(
+            HEALTHY_LAPTOP, **_PYPI_TORCH, fbgemm_gpu_version="1.8.0", fbgemm_gpu_cpu_version=None,
+            fbgemm_import_error=LOAD_ERROR, torchrec_import_error=LOAD_ERROR, cpu_count=8,
+        )),
+        "a laptop with PyPI's CUDA torch, asked for 4 NCCL ranks": doctor(
+            backend="nccl", world_size=4, facts=_machine(HEALTHY_LAPTOP, **_PYPI_TORCH, cpu_count=4),
+        ),
+    }
+
+
+def _reports_to_read() -> list[tuple[str, Report]]:
+    """What check_fix_for hands fix_for, in its order: the lab's reports and the unseen ones, interleaved."""
+    shown = broken_reports()
+    unseen = [(f"the report of {name} (not shown in the lab)", report) for name, report in unseen_reports().items()]
+    return [unseen[0], ("report C", shown["C"]), unseen[1], ("report A", shown["A"]), unseen[2], ("report B", shown["B"])]
+
+
+def _diagnosis(report: Report) -> str:
+    return next(line for line in str(report).splitlines() if line.startswith("✗"))
+
+
 @exercise
-def check_fixes(answers: Mapping[str, int] | Callable[[], Mapping[str, int]]) -> None:
-    """`answers` maps each report ("A", "B", "C") to the number of the fix in FIXES; the lab hands a function
-    that returns that mapping (``fixes``), so that its cell defines the answer without computing anything."""
-    reports = broken_reports()
-    if callable(answers):
-        answers = answers()
-    if not isinstance(answers, Mapping) or set(answers) != set(reports):
-        fail(f"answers must map each of {sorted(reports)} to a fix number, got {answers!r}")
-    for label in sorted(reports):
-        choice = answers[label]
-        if choice not in FIXES:
-            fail(f"report {label}: {choice!r} is not one of the fix numbers {sorted(FIXES)}")
-        code = reports[label].problems[0].code
+def check_fix_for(fix_for: Callable[[str], int]) -> None:
+    """Call ``fix_for(str(report))`` on reports A, B and C and on three reports the lab does not show, in
+    another order; each call must return the number of the fix in FIXES that cures that report's laptop."""
+    for where, report in _reports_to_read():
+        try:
+            choice = checked_call("fix_for", fix_for, str(report))
+        except CheckFailed:
+            raise
+        except Exception as error:  # noqa: BLE001  (the learner's code: say where it failed)
+            fail(f"fix_for raised {one_line(error)[:100]} on {where}",
+                 "read the report's ✗ line, the doctor's diagnosis: every report has one, with its own versions")
+        if isinstance(choice, bool) or not isinstance(choice, int) or choice not in FIXES:
+            kind = "" if isinstance(choice, int) and not isinstance(choice, bool) else f" ({type(choice).__name__})"
+            fail(f"{where}: fix_for returned {choice!r}{kind}, not one of the fix numbers {sorted(FIXES)}",
+                 "return the number of one fix on the menu, as an int")
+        code = report.problems[0].code
         if choice != _RIGHT[code]:
-            fail(
-                f"report {label}: fix {choice} does not cure it",
-                _HINTS.get(choice, "read the report's ✗ line: what does it say is wrong, and with what?"),
-            )
-    passed("all three diagnoses matched to their fixes")
+            hint = _HINTS.get(choice) or _MISREAD.get((code, choice),
+                                                       "read the report's ✗ line: what does it say is wrong, and with what?")
+            fail(f"{where}: fix {choice} does not cure it. Its diagnosis: {_diagnosis(report)[2:]}", hint)
+    passed("fix_for reads the diagnosis: the right fix for reports A, B and C and for 3 reports the lab does not show")
 
 
 # ------------------------------------------------------------------------- exercise 2: fix and re-run

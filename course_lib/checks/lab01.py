@@ -42,8 +42,8 @@ COLLECTIVES = (
 
 _TIMEOUT_S = 30.0
 _REPRODUCE_ROUTE = (
-    "ids_by_rank, num_rows = lab01.route_example(2); "
-    "launch(lambda: route_ids(ids_by_rank[dist.get_rank()], num_rows))"
+    "ids_by_rank, row_offsets, num_rows = lab01.route_example(2); "
+    "launch(lambda: route_ids(ids_by_rank[dist.get_rank()], row_offsets))"
 )
 _REPRODUCE_MEAN = "values = lab01.mean_example(2); launch(lambda: global_mean(values[dist.get_rank()]))"
 
@@ -51,23 +51,37 @@ _REPRODUCE_MEAN = "values = lab01.mean_example(2); launch(lambda: global_mean(va
 # ------------------------------------------------------------------------------------------ the data
 
 
-def route_example(world_size: int = 2) -> tuple[list[Any], int]:
-    """The ids each rank holds in the routing exercise, and the number of rows they index.
+def route_example(world_size: int = 2) -> tuple[list[Any], list[int], int]:
+    """The ids each rank holds in the routing exercise, each rank's first row (the row-wise shards' offsets), and
+    the number of rows of the table.
 
-    Ranks hold different numbers of ids and send different numbers to each owner; in the 3-rank example
-    some ids occur on several ranks, one rank sends nothing to two of the owners, and the last rank owns
-    fewer rows than the others (10 rows in blocks of 4).
+    Ranks hold different numbers of ids and send different numbers to each owner. On 2 ranks the shards are
+    uneven: rank 0 owns rows 0 to 2, rank 1 the other 7. On 3 ranks they are TorchRec's even split of 10 rows,
+    4, 4 and 2; some ids occur on several ranks, and one rank sends nothing to two of the owners. Both hold ids
+    that sit on a shard's first row.
     """
     import torch
 
     examples = {
-        2: ([[7, 1, 3, 9, 0, 8, 6], [2, 5, 4]], 10),
-        3: ([[9, 5, 0, 8, 5, 2], [3, 1, 2], [8, 4, 7, 6, 9, 0, 1]], 10),
+        2: ([[7, 1, 3, 9, 0, 8, 6], [2, 5, 4]], [0, 3], 10),
+        3: ([[9, 5, 0, 8, 5, 2], [3, 1, 2], [8, 4, 7, 6, 9, 0, 1]], [0, 4, 8], 10),
     }
     if world_size not in examples:
         raise ValueError(f"there are examples for 2 and 3 ranks, not {world_size}")
-    ids, num_rows = examples[world_size]
-    return [torch.tensor(x, dtype=torch.int64) for x in ids], num_rows
+    ids, offsets, num_rows = examples[world_size]
+    return [torch.tensor(x, dtype=torch.int64) for x in ids], list(offsets), num_rows
+
+
+def unseen_route_cases() -> list[tuple[list[Any], list[int], int]]:
+    """Two cases the lab does not show, on 3 ranks: an empty shard in the middle (16 rows as 6, 0 and 10), with ids
+    on the boundary it shares with the next shard; and an empty last shard (9 rows as 2, 7 and 0), with a rank
+    holding enough ids that an unstable sort reorders them."""
+    import torch
+
+    middle = ([[12, 3, 7, 0, 6], [5, 11, 2, 9, 4, 6, 15], [1, 10, 6]], [0, 6, 6], 16)
+    many = [4, 1, 2, 7, 0, 3, 5, 8, 1, 6, 2, 0, 4, 7, 3, 1, 8, 5, 2, 6, 0, 3, 7, 1]
+    last = ([many, [2, 0, 8, 1], [5]], [0, 2, 9], 9)
+    return [([torch.tensor(x, dtype=torch.int64) for x in ids], offsets, rows) for ids, offsets, rows in (middle, last)]
 
 
 def mean_example(world_size: int = 2) -> list[Any]:
@@ -80,23 +94,29 @@ def mean_example(world_size: int = 2) -> list[Any]:
     return [torch.tensor(v) for v in values[:world_size]]
 
 
-def row_owner(ids: Any, num_rows: int, world_size: int) -> Any:
-    """Range ownership as in TorchRec's row-wise sharding: rank r owns rows [r*block, (r+1)*block)."""
-    block = math.ceil(num_rows / world_size)
-    return ids // block
-
-
-def _expected_routing(ids_by_rank: list[Any], num_rows: int, owner: Callable[..., Any] = row_owner) -> list[Any]:
+def row_owner(ids: Any, row_offsets: list[int]) -> Any:
+    """Range ownership as in TorchRec's row-wise shards: rank r owns the rows from row_offsets[r] up to the next
+    rank's first row (the last rank: up to the end of the table); an empty shard has the next one's offset."""
     import torch
 
-    world = len(ids_by_rank)
-    return [
-        torch.cat([ids[owner(ids, num_rows, world) == rank] for ids in ids_by_rank]) for rank in range(world)
-    ]
+    return torch.searchsorted(torch.tensor(row_offsets, dtype=ids.dtype), ids, right=True) - 1
 
 
-def _modulo_owner(ids: Any, num_rows: int, world_size: int) -> Any:
-    return ids % world_size
+def _modulo_owner(ids: Any, row_offsets: list[int]) -> Any:
+    return ids % len(row_offsets)
+
+
+def _expected_routing(ids_by_rank: list[Any], row_offsets: list[int], owner: Callable[..., Any] = row_owner) -> list[Any]:
+    import torch
+
+    return [torch.cat([ids[owner(ids, row_offsets) == rank] for ids in ids_by_rank]) for rank in range(len(ids_by_rank))]
+
+
+def _owned(rank: int, row_offsets: list[int], num_rows: int) -> str:
+    """The rows a rank owns, in words: "rows [3, 10)", or "no rows"."""
+    start = row_offsets[rank]
+    stop = row_offsets[rank + 1] if rank + 1 < len(row_offsets) else num_rows
+    return f"rows [{start}, {stop})" if stop > start else "no rows"
 
 
 # --------------------------------------------------------------------------------- running on ranks
@@ -223,7 +243,12 @@ def _launch_hint(text: str, reproduce: str) -> str:
         return (
             "a tensor sent by all_to_all_single without split sizes must hold the same number of values for every "
             "rank: a counts tensor needs exactly world_size entries. An owner of world_size or more makes it "
-            "longer: owner = id // ceil(num_rows / world_size), not // floor"
+            "longer: every id's owner is a rank, and the last rank owns every row from its offset to the end"
+        )
+    if "non-negative" in text:  # torch.bincount of an owner of -1
+        return (
+            "an owner came out negative: id 0 is rank 0's first row, and an id equal to a shard's first row "
+            "belongs to that shard. torch.searchsorted's `right` argument decides which side of an equal value it returns"
         )
     if "never finished" in text or "timed out" in text or "Connection closed" in text or "Connection reset" in text:
         return (
@@ -246,66 +271,78 @@ def check_route_ids(
     launch: Callable[..., list[Any]] | None = None,
     timeout: float = _TIMEOUT_S,
 ) -> None:
-    """Run `route_ids(ids, num_rows)` on 2 and 3 ranks, and on 3 ranks with 16 rows the lab does not show, and
-    compare what each rank received and how many values it sent."""
+    """Run `route_ids(ids, row_offsets)` on the lab's 2- and 3-rank examples and on two 3-rank cases it does not show
+    (an empty shard in the middle, an empty last shard), and compare what each rank received and how many values it
+    sent."""
     import torch
 
-    fresh = ([torch.tensor(x, dtype=torch.int64) for x in ([12, 3, 7, 0], [5, 11, 2, 9, 4], [1, 10])], 16)
-    for world, (ids_by_rank, num_rows) in ((2, route_example(2)), (3, route_example(3)), (3, fresh)):
-        args = [(ids.clone(), num_rows) for ids in ids_by_rank]
+    cases = [route_example(2), route_example(3), *unseen_route_cases()]
+    for number, (ids_by_rank, row_offsets, num_rows) in enumerate(cases):
+        world = len(ids_by_rank)
+        where = f"on {world} ranks with row_offsets {row_offsets}" + (" (not in the lab)" if number >= 2 else "")
+        args = [(ids.clone(), list(row_offsets)) for ids in ids_by_rank]
         outcomes = _run(route_ids, args, "route_ids", _REPRODUCE_ROUTE, launch, timeout, on_rank=_routing_on_rank)
-        expected = _expected_routing(ids_by_rank, num_rows)
-        modulo = _expected_routing(ids_by_rank, num_rows, _modulo_owner)
+        expected = _expected_routing(ids_by_rank, row_offsets)
+        modulo = _expected_routing(ids_by_rank, row_offsets, _modulo_owner)
         got = [result for result, _, _ in outcomes]
-        block = math.ceil(num_rows / world)
         for rank, result in enumerate(got):
             if not isinstance(result, torch.Tensor):
-                fail(f"on {world} ranks, rank {rank} returned {type(result).__name__}", "return the tensor of ids this rank received")
+                fail(f"{where}, rank {rank} returned {type(result).__name__}", "return the tensor of ids this rank received")
             if result.dtype != ids_by_rank[rank].dtype:
                 fail(
-                    f"on {world} ranks, rank {rank} returned {result.dtype} ids",
+                    f"{where}, rank {rank} returned {result.dtype} ids",
                     "ids are integers: allocate the receiving tensor with dtype=ids.dtype (torch.empty(n, dtype=ids.dtype))",
                 )
         if all(_same_multiset(g, m) for g, m in zip(got, modulo)) and not all(
             _same_multiset(g, e) for g, e in zip(got, expected)
         ):
             fail(
-                f"on {world} ranks, ids went to rank id % {world}",
-                f"rows are owned in ranges: with {num_rows} rows on {world} ranks, rank r owns rows "
-                f"[r*{block}, (r+1)*{block}), so owner = id // ceil(num_rows / world_size)",
+                f"{where}, ids went to rank id % {world}",
+                "rows are owned in ranges: rank r owns the rows from row_offsets[r] up to the next rank's first row",
             )
+
+        def not_its_own(rank: int, result: Any, want: Any) -> None:
+            strangers = sorted({int(i) for i in result.reshape(-1).tolist()} - {int(i) for i in want.tolist()})
+            if not strangers:
+                return
+            owns = _owned(rank, row_offsets, num_rows)
+            if owns == "no rows":
+                hint = (f"rank {rank}'s shard is empty: its offset, {row_offsets[rank]}, is also the next rank's first "
+                        "row, and that row belongs to the next rank. Count an empty shard's offset as the next one's")
+            elif all(i in row_offsets for i in strangers):
+                first = strangers[0]
+                owner = int(row_owner(torch.tensor([first]), row_offsets)[0])
+                hint = (f"id {first} is the first row of rank {owner}'s shard: an id equal to a shard's offset belongs "
+                        "to that shard (mind which side torch.searchsorted returns for an equal value)")
+            else:
+                hint = ("the shards are uneven: each one's rows start at its offset and run up to the next offset, "
+                        "so no block size fits them all")
+            fail(f"{where}, rank {rank}, which owns {owns}, received ids {result.reshape(-1).tolist()}, expected "
+                 f"{want.tolist()}: ids {strangers} are not its own", hint)
+
         if any(g.numel() != e.numel() for g, e in zip(got, expected)):  # owners worked out another way?
             for rank, (result, want) in enumerate(zip(got, expected)):
-                strangers = sorted({int(i) for i in result.reshape(-1).tolist()} - {int(i) for i in want.tolist()})
-                if strangers:
-                    fail(
-                        f"on {world} ranks, rank {rank} received ids {result.reshape(-1).tolist()}, expected {want.tolist()}",
-                        f"rank {rank} owns rows [{rank * block}, {min((rank + 1) * block, num_rows)}); ids {strangers} "
-                        f"are not its own: owner = id // ceil(num_rows / world_size), here id // {block}",
-                    )
+                not_its_own(rank, result, want)
         for rank, (result, want) in enumerate(zip(got, expected)):
             result = result.reshape(-1)
             if result.numel() != want.numel():
                 fail(
-                    f"on {world} ranks, rank {rank} returned {result.numel()} ids but owns {want.numel()} of the ids sent",
+                    f"{where}, rank {rank} returned {result.numel()} ids but owns {want.numel()} of the ids sent",
                     "a receiver cannot guess how many ids arrive: exchange the per-destination counts first "
                     "(all_to_all_single on the counts) and size the output with their sum",
                 )
             if not _same_multiset(result, want):
-                wrong = sorted({int(i) for i in result.tolist()} - {int(i) for i in want.tolist()})
-                fail(
-                    f"on {world} ranks, rank {rank} received ids {result.tolist()}, expected {want.tolist()}",
-                    f"rank {rank} owns rows [{rank * block}, {min((rank + 1) * block, num_rows)})"
-                    + (f"; ids {wrong} are not its own" if wrong else "")
-                    + ": sort the ids by owner before sending and pass the counts as input_split_sizes",
-                )
+                not_its_own(rank, result, want)
+                fail(f"{where}, rank {rank} received ids {result.tolist()}, expected {want.tolist()}",
+                     "sort the ids by owner before sending and pass the counts as input_split_sizes")
             if not torch.equal(result, want):
                 sorted_note = " (they were sorted)" if torch.equal(result, torch.sort(want).values) else ""
                 fail(
-                    f"on {world} ranks, rank {rank} holds the right ids in the wrong order{sorted_note}: "
+                    f"{where}, rank {rank} holds the right ids in the wrong order{sorted_note}: "
                     f"expected {want.tolist()}, got {result.tolist()}",
                     "ids from rank 0 first, then from rank 1, ...; each sender's ids in the order it held them: "
-                    "group them by owner with torch.argsort(owner, stable=True)",
+                    "group them by owner with torch.argsort(owner, stable=True), which keeps the order within an owner "
+                    "(a plain argsort may not, once a rank holds more than a few ids)",
                 )
         for rank, (_, calls, sent) in enumerate(outcomes):
             if not {"all_to_all_single", "all_to_all"} & set(calls):
@@ -315,19 +352,19 @@ def check_route_ids(
                 )
             held = ids_by_rank[rank].numel()
             if sent > 2 * held + world:  # ids, their counts, and room for one more tensor per id (their positions)
-                fail(f"right ids, but on {world} ranks rank {rank} handed {sent} values to all-to-all for {held} ids and "
+                fail(f"right ids, but {where} rank {rank} handed {sent} values to all-to-all for {held} ids and "
                      f"{world} counts, more than twice its ids: ids (or copies of them) went to ranks that do not own them",
                      "send each id to its owner only: input_split_sizes = how many ids each owner gets")
             if sent < held:
                 others = sorted(set(calls) - {"all_to_all_single", "all_to_all"})
                 fail(
-                    f"right ids, but on {world} ranks rank {rank} sent {sent} values by all-to-all and holds {held} ids: "
+                    f"right ids, but {where} rank {rank} sent {sent} values by all-to-all and holds {held} ids: "
                     f"the ids themselves travelled by {', '.join(others) or 'another collective'}",
                     "after the counts, send the ids by all_to_all_single too (input_split_sizes=send counts, "
                     "output_split_sizes=received counts): each id goes to its owner only, not to every rank",
                 )
-    passed("route_ids sends every id to its owner, and only to it, on 2 and 3 ranks and on 16 rows the lab does not "
-           "show, counts exchanged, order kept")
+    passed("route_ids sends every id to its owner, and only to it, on 2 and 3 ranks and on uneven and empty shards the "
+           "lab does not show, counts exchanged, order kept")
 
 
 def _same_multiset(a: Any, b: Any) -> bool:

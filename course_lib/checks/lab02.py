@@ -1,4 +1,5 @@
-"""Checks for 02_embeddings: build a KJT from samples, compute an EBC's output width, choose the word tables, fix SimpleRecModel."""
+"""Checks for 02_embeddings: build a KJT from samples, find each feature's columns in an EBC's output, choose the word
+tables, fix SimpleRecModel and give it a dot product."""
 from __future__ import annotations
 
 import copy
@@ -107,58 +108,95 @@ def check_kjt_from_samples(kjt_from_samples: Callable[[list[dict[str, list[int]]
 # ------------------------------------------------------------------------------------------ exercise 2
 
 
-def _width_cases() -> list[list[EmbeddingBagConfig]]:
-    def table(name: str, dim: int, features: Sequence[str]) -> EmbeddingBagConfig:
-        return EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=5, feature_names=list(features))
+def _table(name: str, dim: int, features: Sequence[str], rows: int = 5) -> EmbeddingBagConfig:
+    return EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=rows, feature_names=list(features))
 
+
+def _column_cases() -> list[list[EmbeddingBagConfig]]:
+    """Sets of tables the lab does not show: mixed dims, tables shared by several features, and names whose
+    alphabetical order is neither the tables' order nor the order of a table's features."""
     return [
-        [table("t_user", 16, ["user"]), table("t_item", 8, ["item"])],
-        [table("t_word", 4, ["query", "title"]), table("t_city", 12, ["city"])],
-        [table("t_a", 8, ["a"]), table("t_b", 8, ["b"]), table("t_c", 24, ["c", "d", "e"])],
-        [table("t_only", 32, ["only"])],
+        [_table("t_user", 16, ["user"]), _table("t_item", 8, ["item"])],
+        [_table("t_word", 4, ["title", "query"]), _table("t_city", 12, ["city"])],
+        [_table("t_b", 8, ["b"]), _table("t_c", 24, ["e", "c", "d"]), _table("t_a", 4, ["a"])],
+        [_table("t_only", 32, ["only"])],
+        [_table("t_zone", 6, ["zone"]), _table("t_pair", 10, ["y", "x"]), _table("t_age", 2, ["age"]),
+         _table("t_ad", 6, ["ad", "slot"])],
     ]
 
 
-def _measured_width(tables: list[EmbeddingBagConfig]) -> int:
-    """The width of a real EBC's output on a batch of 2."""
+def _measured_columns(tables: list[EmbeddingBagConfig]) -> dict[str, tuple[int, int]]:
+    """Each feature's columns (start, stop) in a real EBC's output, fed a KJT whose keys come in reverse order."""
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
-    keys = [name for t in tables for name in t.feature_names]
+    keys = [name for t in tables for name in t.feature_names][::-1]
     kjt = KeyedJaggedTensor(keys=keys, values=torch.zeros(len(keys) * 2, dtype=torch.long),
                             lengths=torch.ones(len(keys) * 2, dtype=torch.long))
     with torch.no_grad():
-        return ebc(kjt).values().shape[1]
+        pooled = ebc(kjt)
+    starts = pooled.offset_per_key()
+    return {key: (starts[i], starts[i + 1]) for i, key in enumerate(pooled.keys())}
+
+
+def _columns_in(order: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+    columns, start = {}, 0
+    for feature, width in order:
+        columns[feature] = (start, start + width)
+        start += width
+    return columns
 
 
 @exercise
-def check_pooled_width(pooled_width: Callable[[list[EmbeddingBagConfig]], Any]) -> None:
-    """`pooled_width(tables)` must equal the width of `EmbeddingBagCollection(tables)(kjt).values()`."""
-    for tables in _width_cases():
+def check_feature_columns(feature_columns: Callable[[list[EmbeddingBagConfig]], Any]) -> None:
+    """`feature_columns(tables)` must map each feature to the slice of columns that hold it in
+    `EmbeddingBagCollection(tables)(kjt).values()`, on sets of tables the lab does not show."""
+    cases = _column_cases()
+    for tables in cases:
         description = ", ".join(f"{t.name}(dim {t.embedding_dim}, features {t.feature_names})" for t in tables)
         try:
-            got = checked_call("pooled_width", pooled_width, tables)
+            got = checked_call("feature_columns", feature_columns, tables)
         except CheckFailed:
             raise
-        except Exception as error:
-            fail(f"pooled_width raised {type(error).__name__}: {error} for [{description}]")
-        want = _measured_width(tables)
-        if isinstance(got, bool) or not isinstance(got, numbers.Integral):  # an int, or a NumPy integer
-            fail(f"pooled_width returned {got!r} ({type(got).__name__})", "return an int: the number of columns")
-        got = int(got)
-        if got == want:
+        except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+            fail(f"feature_columns raised {type(error).__name__}: {error} for [{description}]")
+        want = _measured_columns(tables)
+        if not isinstance(got, dict):
+            fail(f"feature_columns returned a {type(got).__name__}", "return a dict {feature name: slice(start, stop)}")
+        missing, extra = [f for f in want if f not in got], [f for f in got if f not in want]
+        if missing or extra:
+            names = {t.name for t in tables}
+            hint = ("the keys are the tables' feature names, not the tables' names" if names & set(extra) else
+                    "a table listed under several feature names fills one slot per feature: every feature needs its "
+                    "own entry")
+            fail(f"for [{description}] feature_columns has entries for {sorted(got, key=str)}, the EBC's output has "
+                 f"features {sorted(want)}", hint)
+        for feature, columns in got.items():
+            if not isinstance(columns, slice) or columns.step not in (None, 1) or not all(
+                    isinstance(end, numbers.Integral) and not isinstance(end, bool) for end in (columns.start, columns.stop)):
+                fail(f"feature {feature!r} maps to {columns!r}, not a slice of columns",
+                     "give each feature a slice(start, stop) of ints: values()[:, slice] is then its pooled vector")
+        given = {f: (int(s.start), int(s.stop)) for f, s in got.items()}
+        if given == want:
             continue
-        dims = [t.embedding_dim for t in tables]
-        if got == sum(dims):
-            hint = ("each FEATURE gets its own pooled vector: a table listed under several feature names "
-                    "fills one slot per feature")
-        elif got in dims:
-            hint = ("that is one table's width. An EmbeddingCollection gives one [ids, dim] tensor per feature; an "
-                    "EBC concatenates the pooled vectors of all features into one row per sample")
-        elif got == sum(len(t.feature_names) for t in tables):
-            hint = "you counted features; each contributes its table's embedding_dim columns"
+        widths = {f: t.embedding_dim for t in tables for f in t.feature_names}
+        by_name = _columns_in(sorted(widths.items()))
+        by_table_name = _columns_in([(f, t.embedding_dim) for t in sorted(tables, key=lambda t: t.name) for f in t.feature_names])
+        by_sorted_features = _columns_in([(f, t.embedding_dim) for t in tables for f in sorted(t.feature_names)])
+        stop_included = {f: (start, stop - 1) for f, (start, stop) in want.items()}
+        spans = sorted(given.values())
+        if given == stop_included:
+            hint = f"a slice's stop is not included: slice(0, {widths[next(iter(want))]}) holds {widths[next(iter(want))]} columns"
+        elif given in (by_name, by_table_name, by_sorted_features):
+            hint = ("the output follows the order of the tables as given, and within a table the order of its "
+                    "feature_names; not the names' alphabetical order, nor the KJT's keys")
+        elif any(b[0] < a[1] for a, b in zip(spans, spans[1:])) or any(given[f][1] - given[f][0] != widths[f] for f in want):
+            hint = "each feature takes its table's embedding_dim columns, a shared table once per feature"
         else:
-            hint = "build the EBC, run it on a small KJT, and look at .values().shape"
-        fail(f"for [{description}] pooled_width gave {got}, but the EBC's .values() is {want} wide", hint)
-    passed("pooled_width matches a real EmbeddingBagCollection's output width on 4 sets of tables")
+            hint = "build an EBC for these tables, run it on a small KJT, and print its output's .keys() and .length_per_key()"
+        wrong = next(f for f in want if given[f] != want[f])
+        fail(f"for [{description}] feature {wrong!r} got columns {given[wrong][0]}:{given[wrong][1]}, but .values() "
+             f"holds it in columns {want[wrong][0]}:{want[wrong][1]}", hint)
+    passed(f"feature_columns finds every feature's columns in a real EmbeddingBagCollection's output, on {len(cases)} "
+           "sets of tables the lab does not show")
 
 
 # ----------------------------------------------------------------------------------------- exercise 4 · fix the model
@@ -185,47 +223,94 @@ def rec_batch(batch_size: int, seed: int = 0, num_embeddings: int = 10_000) -> K
     )
 
 
+def _model_cases() -> list[tuple[str, list[EmbeddingBagConfig]]]:
+    """The tables check_fixed_model builds the learner's model from: the seed's, then two sets the lab does not
+    show (other dims, the item table first, a third feature that only the Linear reads, placed first)."""
+    return [
+        ("the seed's two 128-dim tables", SEED_TABLES()),
+        ("two 16-dim tables, the item table first (not in the lab)",
+         [_table("item_table", 16, ["item_id"], 1_000), _table("user_table", 16, ["user_id"], 1_000)]),
+        ("a 4-dim city table first, then 8-dim user and item tables (not in the lab)",
+         [_table("city_table", 4, ["city"], 50), _table("user_table", 8, ["user_id"], 1_000),
+          _table("item_table", 8, ["item_id"], 1_000)]),
+    ]
+
+
+def _batch_for(tables: Sequence[EmbeddingBagConfig], batch_size: int, seed: int = 0) -> KeyedJaggedTensor:
+    """One id per sample for every feature of `tables`, keys in the seed's order ("user_id", "item_id") then the rest."""
+    rows = {f: t.num_embeddings for t in tables for f in t.feature_names}
+    keys = [f for f in SEED_FEATURES if f in rows] + [f for f in rows if f not in SEED_FEATURES]
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.cat([torch.randint(0, rows[f], (batch_size,), generator=generator) for f in keys])
+    return KeyedJaggedTensor(keys=keys, values=values, lengths=torch.ones(len(keys) * batch_size, dtype=torch.long))
+
+
+def _alone(batch: KeyedJaggedTensor, b: int) -> KeyedJaggedTensor:
+    """Sample `b` of a batch with one id per sample and feature, as a batch of 1."""
+    keys = list(batch.keys())
+    ids = batch.values().view(len(keys), -1)
+    return KeyedJaggedTensor(keys=keys, values=ids[:, b].clone(), lengths=torch.ones(len(keys), dtype=torch.long))
+
+
 @exercise
-def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
-    """`model_class()` must map batches of 2 and 3 to [B, 1], and its loss must reach both tables through a
-    Linear sized for the EBC's output; each sample's logit must not depend on the other samples of its batch."""
+def check_fixed_model(model_class: Callable[..., torch.nn.Module]) -> None:
+    """`model_class(tables)`, for the seed's tables and two sets the lab does not show, must map batches of 3 and 2
+    to [B, 1]: a Linear over all of the EBC's output plus the dot product of the "user_id" and "item_id" vectors.
+    Its loss must reach every table; each sample's logit must not depend on the other samples of its batch."""
+    for case, tables in _model_cases():
+        _check_model_on(model_class, case, tables)
+    passed("FixedRecModel builds from the seed's tables and from 2 sets the lab does not show, and maps batches of 3 "
+           "and 2 to [B, 1]: a Linear over all features plus the user-item dot product, gradients reaching every table")
+
+
+def _check_model_on(model_class: Callable[..., torch.nn.Module], case: str, tables: list[EmbeddingBagConfig]) -> None:
     from course_lib.checks import one_line
 
+    name = getattr(model_class, "__name__", "the model")
     torch.manual_seed(0)
     try:
-        model = model_class()
-    except Exception as error:
-        fail(f"{getattr(model_class, '__name__', 'the model')}() raised {type(error).__name__}: {error}")
+        model = checked_call(name, model_class, copy.deepcopy(tables))
+    except CheckFailed:
+        raise
+    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
+        hint = ("the check builds your model from tables it chooses: take them as the argument, "
+                "FixedRecModel(tables)" if isinstance(error, TypeError) else "")
+        fail(f"{name}(tables) with {case} raised {one_line(error)}", hint)
     ebcs = [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
     if len(ebcs) != 1:
-        fail(f"the model holds {len(ebcs)} EmbeddingBagCollections", "keep the seed's one `self.ebc`")
+        fail(f"with {case}, the model holds {len(ebcs)} EmbeddingBagCollections",
+             "build one `self.ebc` from the tables the model is given")
+
     def shapes(configs: Sequence[EmbeddingBagConfig]) -> dict[str, str]:  # by feature: what a table's name does not change
         return {f: f"{t.num_embeddings} x {t.embedding_dim}" for t in configs for f in t.feature_names}
 
-    given, built = shapes(SEED_TABLES()), shapes(ebcs[0].embedding_bag_configs())
+    given, built = shapes(tables), shapes(ebcs[0].embedding_bag_configs())
     if built != given:
         fail(
-            f"the tables changed: {built} (rows x dim by feature), the seed's are {given}",
-            "keep the tables as given: fix the layers after them, not the tables, to make the shapes fit",
+            f"with {case}, the tables changed: {built} (rows x dim by feature), the tables given are {given}",
+            "build the EBC from the tables the check hands your class, as they are: fix the layers after them, "
+            "not the tables, to make the shapes fit",
         )
     shared = [t.feature_names for t in ebcs[0].embedding_bag_configs() if len(t.feature_names) > 1]
     if shared:
         fail(
-            f"the features {shared[0]} now share one table: user {SEED_TABLES()[0].num_embeddings - 1} and item "
-            f"{SEED_TABLES()[0].num_embeddings - 1} would look up the same row",
-            "keep the seed's two tables, one per feature: user ids and item ids are different vocabularies",
+            f"with {case}, the features {shared[0]} now share one table: a user id and an item id of the same "
+            "number would look up the same row",
+            "keep one table per feature, as given: user ids and item ids are different vocabularies",
         )
-    tables = ebcs[0].embedding_bags
-    width = sum(t.embedding_dim * len(t.feature_names) for t in ebcs[0].embedding_bag_configs())
+    ebc = ebcs[0]
+    width = sum(t.embedding_dim * len(t.feature_names) for t in ebc.embedding_bag_configs())
     rows_hint = (
         f"iterating ebc(x).values() walks the ROWS of the [B, {width}] tensor and torch.cat glues the batch into one "
         "row: .values() already is the concatenation you want"
     )
+    by_name = ("take the user and item vectors by feature name, .to_dict()[\"user_id\"] or their columns in .values(), "
+               "not by position or by a typed-in width")
     for batch_size in (3, 2):
         model.zero_grad(set_to_none=True)
         try:
-            out = model(rec_batch(batch_size))
-        except (RuntimeError, IndexError) as error:
+            out = model(_batch_for(tables, batch_size))
+        except (RuntimeError, IndexError, KeyError) as error:
             message, hints = str(error), []
             if "is invalid for input of size" in message:
                 hints.append(
@@ -240,60 +325,80 @@ def check_fixed_model(model_class: Callable[[], torch.nn.Module]) -> None:
             if f"1x{batch_size * width}" in message:
                 hints.append(rows_hint)
             if "cannot be multiplied" in message and not message.rsplit(" and ", 1)[-1].startswith(f"{width}x"):
-                hints.append(f"the EBC gives {width} numbers per sample: size the Linear from the configs")
-            fail(f"a batch of {batch_size} fails: {message}", "; ".join(hints) or "print the shape that reaches the Linear")
+                hints.append(f"the EBC gives {width} numbers per sample here: size the Linear from the tables")
+            if "must match the size of tensor" in message or isinstance(error, KeyError):
+                hints.append(by_name)
+            fail(f"with {case}, a batch of {batch_size} fails: {one_line(error)}",
+                 "; ".join(hints) or "print the shapes that reach the Linear and the dot product")
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (batch_size, 1):
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             one_row = isinstance(out, torch.Tensor) and out.numel() == 1
             hint = rows_hint if one_row else "one logit per sample: the output must be [B, 1]"
-            fail(f"a batch of {batch_size} gives output {shape}, expected ({batch_size}, 1)", hint)
+            fail(f"with {case}, a batch of {batch_size} gives output {shape}, expected ({batch_size}, 1)", hint)
         out.sum().backward()
-        for name, bag in tables.items():
+        for table, bag in ebc.embedding_bags.items():
             grad = bag.weight.grad
             if grad is None or not bool(grad.abs().sum() > 0):
-                fail(f"the loss does not reach table {name!r}",
-                     "feed the pooled vectors of BOTH features to the Linear: .values() holds them all")
+                fail(f"with {case}, the loss does not reach table {table!r}",
+                     "feed the pooled vectors of ALL features to the Linear: .values() holds them all")
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if not linears:
         fail(
             "the model has no Linear layer: the seed's Linear is what turns the pooled features into a logit",
             f"keep it and size it for the EBC's output: Linear({width}, 1) on ebc(x).values()",
         )
-    if not any(m.in_features == width for m in linears):
+    linear = next((m for m in linears if m.in_features == width and m.out_features == 1), None)
+    if linear is None:
         fail(
-            f"the EBC gives {width} numbers per sample, but no Linear takes {width} inputs "
+            f"with {case}, the EBC gives {width} numbers per sample, but no Linear takes {width} inputs to one output "
             f"(in_features: {[m.in_features for m in linears]})",
-            f"feed ebc(x).values(), [B, {width}], to a Linear({width}, ...); padding, repeating or summing the "
-            "features to fit another width changes the model",
+            f"feed ebc(x).values(), [B, {width}], to a Linear({width}, 1) sized from the tables; padding, repeating "
+            "or summing the features to fit another width changes the model",
         )
-    if not any(m.in_features == width and m.weight.grad is not None and bool(m.weight.grad.abs().sum() > 0) for m in linears):
+    if linear.weight.grad is None or not bool(linear.weight.grad.abs().sum() > 0):
         fail(
-            f"the Linear that takes {width} inputs gets no gradient: the output does not go through it",
-            f"forward must return linear(ebc(x).values()): [B, {width}] in, [B, 1] out",
+            f"with {case}, the Linear that takes {width} inputs gets no gradient: the output does not go through it",
+            f"the logit is linear(ebc(x).values()), [B, {width}] in, [B, 1] out, plus the dot product",
         )
-    batch = rec_batch(3)
+    batch = _batch_for(tables, 3, seed=1)
+    with torch.no_grad():  # rows of unit scale: the default init's are so small that a missing dot product hides
+        generator = torch.Generator().manual_seed(1)
+        for bag in ebc.embedding_bags.values():
+            bag.weight.copy_(torch.randn(bag.weight.shape, generator=generator))
     training = model.training
     model.eval()  # layers that behave differently in training (dropout) must not read as samples mixing
     try:
         with torch.no_grad():
             together = model(batch)
-            ids = batch.values().view(len(SEED_FEATURES), 3)
             for b in range(3):
-                alone = KeyedJaggedTensor(keys=list(SEED_FEATURES), values=ids[:, b].clone(), lengths=torch.ones(len(SEED_FEATURES), dtype=torch.long))
                 try:
-                    out = model(alone)
+                    out = model(_alone(batch, b))
                 except Exception as error:  # noqa: BLE001  (the learner's code: report it)
-                    fail(f"a batch of 1 fails: {one_line(error)}", "each sample's logit must come from its own row of ebc(x).values()")
+                    fail(f"with {case}, a batch of 1 fails: {one_line(error)}",
+                         "each sample's logit must come from its own row of ebc(x).values()")
                 if tuple(out.shape) != (1, 1) or not torch.allclose(out, together[b : b + 1], rtol=1e-4, atol=1e-5):
                     fail(
-                        f"sample {b} gets logit {together[b].tolist()} in a batch of 3 but {out.flatten().tolist()} alone: "
-                        "the model mixes the samples of a batch",
-                        f"row b of ebc(x).values() is sample b's {width} numbers; concatenating per-feature tensors on dim 0, "
-                        "stacking them, or averaging over the batch before the Linear puts other samples' vectors in its row",
+                        f"with {case}, sample {b} gets logit {together[b].tolist()} in a batch of 3 but "
+                        f"{out.flatten().tolist()} alone: the model mixes the samples of a batch",
+                        f"row b of ebc(x).values() is sample b's {width} numbers; concatenating per-feature tensors on "
+                        "dim 0, stacking them, or averaging over the batch puts other samples' vectors in its row",
                     )
+            pooled = ebc(batch)
+            vectors = pooled.to_dict()
+            linear_part = linear(pooled.values())
+            dot = (vectors["user_id"] * vectors["item_id"]).sum(dim=1, keepdim=True)
+            if not torch.allclose(together, linear_part + dot, rtol=1e-4, atol=1e-5):
+                if torch.allclose(together, linear_part, rtol=1e-4, atol=1e-5):
+                    fail(f"with {case}, the logit is the Linear's output alone: the dot product of each sample's user "
+                         "and item vectors is missing", "add (user vector * item vector).sum over their columns, "
+                         "one number per sample, kept as [B, 1]")
+                fail(
+                    f"with {case}, sample 0's logit is {together[0].item():.4f}, but the Linear over .values() plus the "
+                    f"dot product of its user and item vectors gives {(linear_part + dot)[0].item():.4f}",
+                    by_name,
+                )
     finally:
         model.train(training)
-    passed("the fixed model maps batches of 3 and 2 to [B, 1], and gradients reach both tables")
 
 
 # ------------------------------------------------------------------------------------------- exercise 3 · word tables
