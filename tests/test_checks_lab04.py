@@ -17,126 +17,196 @@ from conftest import rejects
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def per_table():
-    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
-
-    return {
-        "t_user": row_wise(compute_kernel="fused"),
-        "t_item": column_wise(ranks=[0, 1], compute_kernel="fused"),
-        "t_category": data_parallel(),
-        "t_terms": table_wise(rank=1, compute_kernel="fused"),
-    }
-
-
 # ------------------------------------------------------------------------------------------ exercise 1
 
 
-def wrap(model, plan):
+def ebcs(model):
+    from torchrec import EmbeddingBagCollection
+
+    return [(path, module) for path, module in model.named_modules() if isinstance(module, EmbeddingBagCollection)]
+
+
+def dmp(model, plan, **options):
     from torchrec.distributed import DistributedModelParallel
 
     from course_lib import training
 
-    return DistributedModelParallel(module=model, device=training.device(), plan=plan, sharders=training.sharders())
+    options = {"device": training.device(), "sharders": training.sharders(), **options}
+    return DistributedModelParallel(module=model, plan=plan, **options)
 
 
-def wrap_without_plan(model, plan):
+def wrap(model, per_table):
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    plan = ShardingPlan({path: construct_module_sharding_plan(ebc, {t: per_table[t] for t in ebc.embedding_bags})
+                         for path, ebc in ebcs(model)})
+    return dmp(model, plan)
+
+
+def plan_of(model, per_table, **options):
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    return ShardingPlan({path: construct_module_sharding_plan(ebc, {t: per_table[t] for t in ebc.embedding_bags}, **options)
+                         for path, ebc in ebcs(model)})
+
+
+def wrap_with_the_course_helpers(model, per_table):  # right: planning.module_plan per EBC, the world from the group
+    import torch.distributed as dist
+    from torchrec.distributed.types import ShardingPlan
+
+    from course_lib import planning, training
+
+    return dmp(model, ShardingPlan({
+        path: planning.module_plan(ebc, {t: per_table[t] for t in ebc.embedding_bags},
+                                   world_size=dist.get_world_size(), sharder=training.sharders()[0])
+        for path, ebc in ebcs(model)}))
+
+
+def wrap_at_the_dlrm_path(model, per_table):  # the lab's model has its EBC there; the check's model does not
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    path = "sparse_arch.embedding_bag_collection"
+    ebc = model.get_submodule(path)
+    return dmp(model, ShardingPlan({path: construct_module_sharding_plan(ebc, {t: per_table[t] for t in ebc.embedding_bags})}))
+
+
+def wrap_under_the_dlrm_path(model, per_table):  # finds the EBC, files it under the path the lab printed
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    _, ebc = ebcs(model)[0]
+    sub = {t: per_table[t] for t in ebc.embedding_bags}
+    return dmp(model, ShardingPlan({"sparse_arch.embedding_bag_collection": construct_module_sharding_plan(ebc, sub)}))
+
+
+def wrap_the_first_ebc_only(model, per_table):
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    path, ebc = ebcs(model)[0]
+    return dmp(model, ShardingPlan({path: construct_module_sharding_plan(ebc, {t: per_table[t] for t in ebc.embedding_bags})}))
+
+
+def wrap_with_the_planners_plan(model, per_table):  # per_table ignored: DMP plans
+    return dmp(model, None)
+
+
+def wrap_under_the_child_name(model, per_table):  # "embeddings", the attribute's name, not its path in the model
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    return dmp(model, ShardingPlan({path.split(".")[-1]: construct_module_sharding_plan(ebc, {t: per_table[t] for t in ebc.embedding_bags})
+                                    for path, ebc in ebcs(model)}))
+
+
+def wrap_with_the_whole_per_table(model, per_table):  # every EBC handed every table
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    return dmp(model, ShardingPlan({path: construct_module_sharding_plan(ebc, dict(per_table)) for path, ebc in ebcs(model)}))
+
+
+def wrap_with_model_plan(model, per_table):  # the course's helper for the lab's one-EBC model
+    import torch.distributed as dist
+
+    from course_lib import training
+
+    return dmp(model, training.model_plan(model, per_table, world_size=dist.get_world_size()))
+
+
+def wrap_for_two_ranks(model, per_table):  # the lab runs on 2 ranks; this plan always does
+    return dmp(model, plan_of(model, per_table, world_size=2, local_size=2))
+
+
+def wrap_without_sharders(model, per_table):
     from torchrec.distributed import DistributedModelParallel
 
     from course_lib import training
 
-    return DistributedModelParallel(module=model, device=training.device(), sharders=training.sharders())
+    return DistributedModelParallel(module=model, device=training.device(), plan=plan_of(model, per_table))
 
 
-def wrap_only_the_tables(model, plan):
+def wrap_with_a_bare_sharder(model, per_table):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return dmp(model, plan_of(model, per_table), sharders=[EmbeddingBagCollectionSharder()])
+
+
+def wrap_with_another_learning_rate(model, per_table):
+    from course_lib import training
+
+    return dmp(model, plan_of(model, per_table), sharders=training.sharders(learning_rate=0.01))
+
+
+def wrap_with_row_wise_adagrad(model, per_table):  # a sharder of its own: Adagrad at lr 0.1, but one sum per row
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1})
+    return dmp(model, plan_of(model, per_table), sharders=[sharder])
+
+
+def wrap_without_data_parallel(model, per_table):
+    return dmp(model, plan_of(model, per_table), init_data_parallel=False)
+
+
+def wrap_only_the_tables(model, per_table):  # DMP around each EBC, not around the model
     from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
 
-    ebc = model.model.sparse_arch.embedding_bag_collection
-    model.model.sparse_arch.embedding_bag_collection = DistributedModelParallel(module=ebc, plan=plan)
+    plan = plan_of(model, per_table)
+    for path, ebc in ebcs(model):
+        tower = model.get_submodule(path.rsplit(".", 1)[0])
+        tower.embeddings = DistributedModelParallel(module=ebc, plan=ShardingPlan({"": plan.plan[path]}))
     return model
 
 
-def wrap_that_raises(model, plan):
-    return DistributedModelParallel(model, plan=plan)  # noqa: F821  (forgot the import)
+def wrap_that_raises(model, per_table):
+    return DistributedModelParallel(model, plan=plan_of(model, per_table))  # noqa: F821  (forgot the import)
 
 
-def wrap_without_sharders(model, plan):
-    from torchrec.distributed import DistributedModelParallel
-
-    from course_lib import training
-
-    return DistributedModelParallel(module=model, device=training.device(), plan=plan)
-
-
-def wrap_with_a_bare_sharder(model, plan):
-    from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    from course_lib import training
-
-    return DistributedModelParallel(
-        module=model, device=training.device(), plan=plan, sharders=[EmbeddingBagCollectionSharder()]
-    )
-
-
-def wrap_with_another_learning_rate(model, plan):
-    from torchrec.distributed import DistributedModelParallel
-
-    from course_lib import training
-
-    return DistributedModelParallel(
-        module=model, device=training.device(), plan=plan, sharders=training.sharders(learning_rate=0.01)
-    )
-
-
-def wrap_without_data_parallel(model, plan):
-    from torchrec.distributed import DistributedModelParallel
-
-    from course_lib import training
-
-    return DistributedModelParallel(
-        module=model, device=training.device(), plan=plan, sharders=training.sharders(), init_data_parallel=False
-    )
-
-
-def wrap_the_inner_dlrm(model, plan):
-    from torchrec.distributed import DistributedModelParallel
-
-    from course_lib import training
-
-    return DistributedModelParallel(module=model.model, device=training.device(), plan=plan, sharders=training.sharders())
-
-
-def wrap_on_meta(model, plan):
+def wrap_on_meta(model, per_table):
     import torch
-    from torchrec.distributed import DistributedModelParallel
 
-    from course_lib import training
-
-    return DistributedModelParallel(module=model, device=torch.device("meta"), plan=plan, sharders=training.sharders())
+    return dmp(model, plan_of(model, per_table), device=torch.device("meta"))
 
 
 def test_wrap_check_accepts_the_solution(capsys):
-    lab04.check_wrap(wrap, per_table())
+    lab04.check_wrap(wrap)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_wrap_check_accepts_the_course_helpers_per_ebc(capsys):
+    lab04.check_wrap(wrap_with_the_course_helpers)
     assert capsys.readouterr().out.startswith("✓")
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (wrap_without_plan, "the plan asks for row_wise"),
-        (wrap_only_the_tables, "wrap returned a DLRMTrain"),
-        (wrap_that_raises, "NameError"),
+        (wrap_at_the_dlrm_path, "the check's model is not the DLRM"),
+        (wrap_under_the_dlrm_path, "'sparse_arch.embedding_bag_collection'] is not a path of this model"),
+        (wrap_the_first_ebc_only, "table 't_item' is not sharded: the plan has no entry for its EBC, at 'candidate_tower.embeddings'"),
+        (wrap_with_the_planners_plan, "per_table asks for row_wise"),
+        (wrap_under_the_child_name, "['embeddings'] is not a path of this model"),
+        (wrap_with_the_whole_per_table, "give each EBC only its own tables"),
+        (wrap_with_model_plan, "training.model_plan plans a model with one EBC"),
+        (wrap_for_two_ranks, "on 3 ranks, wrap(model, per_table) failed"),
         (wrap_without_sharders, "exact SGD at lr 0.01: fbgemm's default"),
         (wrap_with_a_bare_sharder, "exact SGD at lr 0.01"),
         (wrap_with_another_learning_rate, "train at lr 0.01, the course's sharders use 0.1"),
+        (wrap_with_row_wise_adagrad, "one Adagrad sum per row"),
         (wrap_without_data_parallel, "did not wrap the dense part in DistributedDataParallel"),
-        (wrap_the_inner_dlrm, "does not hold the whole model|table 't_user' is not sharded"),
-        (wrap_on_meta, "raised|training step"),
+        (wrap_only_the_tables, "wrap returned a TwoTower"),
+        (wrap_that_raises, "NameError"),
+        (wrap_on_meta, "raised"),
     ],
 )
 def test_wrap_check_rejects_wrong_answers(wrong, words):
-    with pytest.raises(CheckFailed, match=words):
-        lab04.check_wrap(wrong, per_table())
+    rejects(lab04.check_wrap, wrong, match=words)
 
 
 # ------------------------------------------------------------------------------------------ exercise 2
@@ -437,38 +507,6 @@ def test_pipelineable_check_rejects_wrong_answers(model_class, prepare, words):
 
 
 # ------------------------------------------------------------------ more wrong answers (adversarial review)
-
-
-def wrap_with_its_own_plan(model, plan):  # rebuilds the lab's plan inside wrap: right for the lab's per_table only
-    import torch.distributed as dist
-    from torchrec.distributed import DistributedModelParallel
-
-    from course_lib import training
-
-    own = training.model_plan(model, per_table(), world_size=dist.get_world_size())
-    return DistributedModelParallel(module=model, device=training.device(), plan=own, sharders=training.sharders())
-
-
-def wrap_with_row_wise_adagrad(model, plan):  # a sharder of its own: Adagrad at lr 0.1, but one sum per row
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    from course_lib import training
-
-    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1})
-    return DistributedModelParallel(module=model, device=training.device(), plan=plan, sharders=[sharder])
-
-
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (wrap_with_its_own_plan, "with a second plan, table 't_user' is row_wise"),
-        (wrap_with_row_wise_adagrad, "one Adagrad sum per row"),
-    ],
-)
-def test_wrap_check_rejects_more_wrong_answers(wrong, words):
-    rejects(lab04.check_wrap, wrong, per_table(), match=words)
 
 
 def sigmoid_in_place(logits, labels, split):  # right number, but the caller's logits are now probabilities

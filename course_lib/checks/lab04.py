@@ -1,9 +1,9 @@
-"""Checks for 04_dmp: wrap a model with a given plan, write the training step, compute the AUC gap."""
+"""Checks for 04_dmp: plan and wrap a model with two EBCs, write the training step, compute the AUC gap."""
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, NoReturn
 
 import torch
 
@@ -16,17 +16,51 @@ _CHECK_CONFIG = data.ClickLogConfig(num_train=2_000, num_test=2_000, seed=3)
 # ------------------------------------------------------------------------------------------ exercise 1
 
 
-def _second_per_table() -> dict[str, Any]:
-    """Another hand plan for the check's tables: a wrap that builds its own plan (from the lab's per_table)
-    instead of applying the one it is given shards them differently."""
-    from torchrec.distributed.sharding_plan import data_parallel, row_wise, table_wise
+def two_tower(device: str | torch.device = "meta") -> torch.nn.Module:
+    """A model the lab has not shown: a query tower and a candidate tower, each with its own EBC.
 
-    return {
-        "t_user": table_wise(rank=1, compute_kernel="fused"),
-        "t_item": row_wise(compute_kernel="fused"),
-        "t_category": table_wise(rank=0, compute_kernel="fused"),
-        "t_terms": data_parallel(),
-    }
+    Neither EBC sits at the DLRM's ``sparse_arch.embedding_bag_collection``: they are
+    ``query_tower.embeddings`` (tables ``t_user``, ``t_query``) and ``candidate_tower.embeddings``
+    (``t_item``, ``t_brand``). ``forward(query, candidate, labels)`` returns the BCE loss of the towers' dot product.
+    """
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    class Tower(torch.nn.Module):
+        def __init__(self, tables: list[tuple[str, int]]) -> None:
+            super().__init__()
+            configs = [EmbeddingBagConfig(name=name, embedding_dim=8, num_embeddings=rows, feature_names=[name[2:]])
+                       for name, rows in tables]
+            self.embeddings = EmbeddingBagCollection(configs, device=device)
+            self.projection = torch.nn.Linear(8 * len(tables), 8, device=device)
+
+        def forward(self, features: Any) -> torch.Tensor:
+            return self.projection(self.embeddings(features).values())
+
+    class TwoTower(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.query_tower = Tower([("t_user", 60), ("t_query", 24)])
+            self.candidate_tower = Tower([("t_item", 40), ("t_brand", 12)])
+
+        def forward(self, query: Any, candidate: Any, labels: torch.Tensor) -> torch.Tensor:
+            logits = (self.query_tower(query) * self.candidate_tower(candidate)).sum(-1)
+            return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+    return TwoTower()
+
+
+# The check's shardings of the two towers' tables: on 2 ranks, then on 3 (a plan written for 2 ranks fails there).
+_TOWER_TABLES = {"query_tower.embeddings": ("t_user", "t_query"), "candidate_tower.embeddings": ("t_item", "t_brand")}
+
+
+def _tower_per_table(world_size: int) -> dict[str, Any]:
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
+
+    if world_size == 2:
+        return {"t_user": row_wise(compute_kernel="fused"), "t_query": data_parallel(),
+                "t_item": table_wise(rank=1, compute_kernel="fused"), "t_brand": column_wise(ranks=[0, 1], compute_kernel="fused")}
+    return {"t_user": row_wise(compute_kernel="fused"), "t_query": table_wise(rank=2, compute_kernel="fused"),
+            "t_item": data_parallel(), "t_brand": column_wise(ranks=[1, 2], compute_kernel="fused")}
 
 
 def _planned(plan: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -37,99 +71,146 @@ def _planned(plan: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
     }
 
 
-def _wrap_on_rank(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any]) -> dict[str, Any]:
-    """Runs on every rank: build the lab's model on meta, plan it, let `wrap` shard it, and report."""
+def _tower_batch(rank: int, rows: int = 16) -> tuple[Any, Any, torch.Tensor]:
+    """A small batch for the two towers, different on every rank: one id per feature per row."""
+    from torchrec import KeyedJaggedTensor
+
+    generator = torch.Generator().manual_seed(rank)
+
+    def ids(features: dict[str, int]) -> Any:
+        values = torch.cat([torch.randint(rows_of, (rows,), generator=generator) for rows_of in features.values()])
+        return KeyedJaggedTensor(keys=list(features), values=values, lengths=torch.ones(rows * len(features), dtype=torch.int64))
+
+    labels = torch.randint(2, (rows,), generator=generator).float()
+    return ids({"user": 60, "query": 24}), ids({"item": 40, "brand": 12}), labels
+
+
+def _wrap_on_rank(wrap: Callable[[Any, Any], Any], world_size: int) -> dict[str, Any]:
+    """Runs on every rank: build the two towers on meta, let `wrap` shard them with the check's per_table, report.
+
+    An error in `wrap` is not caught here: it may happen on some ranks only (a plan for 2 ranks, run on 3), and
+    the other ranks would wait for them in a collective. The launch reports it.
+    """
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
 
-    from course_lib import models, training
+    from course_lib import optimizers, training
 
     torch.manual_seed(0)
-    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
-    plan = training.model_plan(model, per_table, world_size=dist.get_world_size())
-    requested = _planned(plan)
-    report: dict[str, Any] = {"requested": requested}
-    try:
-        wrapped = wrap(model, plan)
-    except Exception as error:  # a learner's bug: report it, do not crash the check
-        raise_if_unwritten(error)
-        report["error"] = one_line(error)
-        return report
-    report["type"] = type(wrapped).__name__
+    requested = {table: _sharding_of(generator, table) for table, generator in _tower_per_table(world_size).items()}
+    wrapped = wrap(two_tower(), _tower_per_table(world_size))
+    report: dict[str, Any] = {"requested": requested, "type": type(wrapped).__name__}
     if not isinstance(wrapped, DistributedModelParallel):
         return report
+    report["plan paths"] = sorted(wrapped.plan.plan) if getattr(wrapped, "plan", None) is not None else []
     report["actual"] = training.sharding_types(wrapped)
     report["replicas"] = type(getattr(wrapped, "_dmp_wrapped_module", None)).__name__
     fused = getattr(wrapped, "fused_optimizer", None)
     if fused is not None:
-        from course_lib import optimizers
-
         rows = optimizers.state_rows(fused)
         report["fused states"] = sorted({row["state"].split(".")[-1] for row in rows})
         report["fused lr"] = sorted({group["lr"] for group in fused.param_groups})
         report["row-wise states"] = sorted({row["state"] for row in rows if len(row["local shape"]) == 1})
-    report["whole_model"] = {"model.dense_arch", "model.over_arch"} <= {name for name, _ in wrapped.module.named_modules()}
+    names = {name for name, _ in wrapped.module.named_modules()}
+    report["whole_model"] = {"query_tower.projection", "candidate_tower.projection"} <= names
     if report["whole_model"] and report["actual"] == requested:
         try:  # it must also train: one step on a small batch
-            batch = next(data.batches(data.make_click_log(_CHECK_CONFIG).train, 32, dist.get_rank(), dist.get_world_size()))
-            loss = training.train_step(wrapped, training.optimizer(wrapped), batch)
-            report["loss"] = loss
-        except Exception as error:
-            report["error"] = f"one training step of the wrapped model raised {type(error).__name__}: {error}"
-        _wrap_second_plan(report, wrap)
+            optimizer = training.optimizer(wrapped)
+            loss = wrapped(*_tower_batch(dist.get_rank()))
+            loss.backward()
+            optimizer.step()
+            report["loss"] = float(loss)
+        except Exception as error:  # noqa: BLE001  (the learner's model: report it)
+            report["error"] = f"one training step of the wrapped model raised {one_line(error)}"
     return report
 
 
-def _wrap_second_plan(report: dict[str, Any], wrap: Callable[[Any, Any], Any]) -> None:
-    """Wrap a fresh model with a second plan (:func:`_second_per_table`) and note what it asked and got."""
+def _sharding_of(generator: Any, table: str) -> tuple[str, tuple[int, ...]]:
+    """What a ParameterShardingGenerator asks for `table` of the two towers, in this process's world."""
     import torch.distributed as dist
-    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-    from course_lib import models, training
+    rows = {"t_user": 60, "t_query": 24, "t_item": 40, "t_brand": 12}[table]
+    world_size = dist.get_world_size()
+    sharding = generator(torch.empty(rows, 8, device="meta"), world_size, world_size, "cpu", EmbeddingBagCollectionSharder())
+    return sharding.sharding_type, tuple(sharding.ranks or ())
 
-    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, device="meta")
-    plan = training.model_plan(model, _second_per_table(), world_size=dist.get_world_size())
-    second: dict[str, Any] = {"requested": _planned(plan)}
-    report["second"] = second
-    try:
-        wrapped = wrap(model, plan)
-    except Exception as error:  # noqa: BLE001  (the learner's code: report it)
-        second["error"] = one_line(error)
-        return
-    second["actual"] = training.sharding_types(wrapped) if isinstance(wrapped, DistributedModelParallel) else {}
+
+def _wrap_failed(error: Any, world_size: int) -> NoReturn:
+    first = error.failures[0] if error.failures else None
+    text = f"{first.exc_type}: {first.message}" if first is not None and first.kind == "raised" else ""
+    headline = first.headline() if first is not None else error.summary
+    problem = f"on {world_size} ranks, wrap(model, per_table) failed: {headline}"
+    if "model_plan expects one EmbeddingBagCollection" in text:
+        hint = ("training.model_plan plans a model with one EBC; the check's model has two: build one entry "
+                "per EBC with construct_module_sharding_plan, each under its own path")
+    elif "sparse_arch" in text:
+        hint = ("the check's model is not the DLRM: find its EBCs where they are, "
+                "[(path, m) for path, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)]")
+    elif "per_param_sharding_config doesn't match" in text:
+        hint = "give each EBC only its own tables: {name: per_table[name] for name in ebc.embedding_bags}"
+    elif world_size == 3:
+        hint = ("it passed on 2 ranks: was the plan written for 2? Let construct_module_sharding_plan take the "
+                "world size from the process group (its default), or pass dist.get_world_size()")
+    else:
+        hint = "read the remote traceback: " + (text.splitlines()[0][:200] if text else error.summary)
+    raise CheckFailed(problem, hint) from error
 
 
 @exercise
-def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], launch: Callable[..., list[Any]] | None = None) -> None:
-    """`wrap(model, plan)` must return a DistributedModelParallel of the whole model that applies `plan`.
+def check_wrap(wrap: Callable[[Any, Any], Any], launch: Callable[..., list[Any]] | None = None) -> None:
+    """`wrap(model, per_table)` must plan every EBC of `model` from `per_table`, each at its own path, and
+    return a DistributedModelParallel of the whole model that applies that plan with the course's sharders.
 
-    The check runs it on 2 ranks with the lab's DLRM built on meta and the plan ``training.model_plan``
-    makes from `per_table`.
+    The check runs it on 2 ranks, then on 3, with a two-tower model the lab has not shown: two EBCs, at
+    ``query_tower.embeddings`` and ``candidate_tower.embeddings``; it reads back how each table was sharded.
     """
+    from course_lib.checks import launch_quietly
+    from course_lib.launcher.launch import LaunchError
+
     if launch is None:
         from course_lib import launch
-    reports = launch(_wrap_on_rank, wrap, dict(per_table), world_size=2, show_ranks=[])
-    report = reports[0]
-    if "error" in report and "type" not in report:
-        fail(f"wrap(model, plan) raised {report['error']}")
+    for world_size in (2, 3):
+        try:
+            report = launch_quietly(launch, _wrap_on_rank, wrap, world_size, world_size=world_size, timeout=120)[0]
+        except LaunchError as error:
+            _wrap_failed(error, world_size)
+        _judge_wrap(report, world_size)
+    passed("wrap plans both towers' EBCs at their own paths and applies the plan on 2 and 3 ranks: "
+           + ", ".join(f"{t} {s}" for t, (s, _) in report["requested"].items()))
+
+
+def _judge_wrap(report: dict[str, Any], world_size: int) -> None:
+    on = f"on {world_size} ranks, "
     if report.get("type") != "DistributedModelParallel":
         fail(
             f"wrap returned a {report.get('type')}",
-            "return DistributedModelParallel(module=model, device=..., plan=plan, sharders=...)",
+            "return DistributedModelParallel(module=model, device=..., plan=your_plan, sharders=...)",
         )
     if not report["whole_model"]:
         fail(
-            "the DistributedModelParallel does not hold the whole model (its dense and over arch are missing)",
-            "wrap the model you are given; DMP finds the EmbeddingBagCollection inside it by its path",
+            "the DistributedModelParallel does not hold the whole model (the towers' projections are missing)",
+            "wrap the model you are given; DMP finds each EBC inside it by the path your plan gives it",
         )
+    paths = sorted(_TOWER_TABLES)
     for table, want in report["requested"].items():
         got = report["actual"].get(table)
-        if got != want:
+        if got == want:
+            continue
+        path = next(p for p, tables in _TOWER_TABLES.items() if table in tables)
+        if got is None and path not in report["plan paths"]:
+            wrong = [p for p in report["plan paths"] if p not in paths]
             fail(
-                f"table {table!r} is {_describe(got)}, the plan asks for {_describe(want)}",
-                "pass the plan to DistributedModelParallel (plan=plan): without it, DMP runs the planner and "
-                "uses the planner's plan",
+                f"{on}table {table!r} is not sharded: the plan has no entry for its EBC, at {path!r} "
+                f"(the plan's paths: {report['plan paths']})",
+                f"the model has EBCs at {paths}: plan each one under its path from model.named_modules()"
+                + (f"; {wrong} is not a path of this model" if wrong else ""),
             )
+        fail(
+            f"{on}table {table!r} is {_describe(got)}, per_table asks for {_describe(want)}",
+            "build the plan from per_table and pass it, plan=your_plan: without plan=, DMP runs its own planner "
+            "and shards as it likes",
+        )
     if report.get("replicas") != "DistributedDataParallel":
         fail(
             f"DMP did not wrap the dense part in DistributedDataParallel (it is a {report.get('replicas')}): "
@@ -157,18 +238,7 @@ def check_wrap(wrap: Callable[[Any, Any], Any], per_table: Mapping[str, Any], la
             "pass sharders=training.sharders() as they are: their EBC sharder fuses EmbOptimType.EXACT_ADAGRAD",
         )
     if "error" in report:
-        fail(report["error"])
-    second = report.get("second", {})
-    if "error" in second:
-        fail(f"wrap(model, plan) raised {second['error']} on a second plan (other shardings of the same tables)")
-    for table, want in second.get("requested", {}).items():
-        got = second["actual"].get(table)
-        if got != want:
-            fail(
-                f"with a second plan, table {table!r} is {_describe(got)}, that plan asks for {_describe(want)}",
-                "wrap must apply the plan it is given (plan=plan), whichever it is: do not build one inside wrap",
-            )
-    passed("wrap applies the plan to every table: " + ", ".join(f"{t} {s}" for t, (s, _) in report["requested"].items()))
+        fail(on + report["error"], "wrap on this rank's device: device=training.device()")
 
 
 def _rates(rates: list[float]) -> str:
