@@ -370,66 +370,147 @@ def test_train_step_check_rejects_wrong_answers(wrong, words):
 # ------------------------------------------------------------------------------------------ exercise 3
 
 
-def auc_gap(logits, labels, split):
+def pooled(results):
+    return torch.cat([r["logits"] for r in results]), torch.cat([r["labels"] for r in results])
+
+
+def auc_gap(results, split):
+    logits, labels = pooled(results)
     return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
 
 
-def sign_flipped(logits, labels, split):
-    return BinaryAUROC()(logits, labels).item() - data.bayes_optimal_auc(split)
+def auc_gap_of_probabilities(results, split):  # right: the AUC is rank-based, sigmoid keeps the order
+    logits, labels = pooled(results)
+    return data.bayes_optimal_auc(split) - data.auc(logits.sigmoid(), labels)
 
 
-def train_optimum(logits, labels, split):
+def mean_of_the_ranks_aucs(results, split):
+    aucs = [BinaryAUROC()(r["logits"], r["labels"]).item() for r in results]
+    return data.bayes_optimal_auc(split) - sum(aucs) / len(aucs)
+
+
+def size_weighted_mean_of_the_ranks_aucs(results, split):
+    aucs = [(BinaryAUROC()(r["logits"], r["labels"]).item(), len(r["labels"])) for r in results]
+    return data.bayes_optimal_auc(split) - sum(a * n for a, n in aucs) / sum(n for _, n in aucs)
+
+
+def rank_0_only(results, split):
+    return data.bayes_optimal_auc(split) - BinaryAUROC()(results[0]["logits"], results[0]["labels"]).item()
+
+
+def first_two_ranks(results, split):  # the lab has 2 ranks
+    logits, labels = pooled(results[:2])
+    return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
+
+
+def labels_of_other_ranks(results, split):  # the labels gathered in the other order
+    logits = torch.cat([r["logits"] for r in results])
+    labels = torch.cat([r["labels"] for r in reversed(results)])
+    return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
+
+
+def the_lab_printed_auc(results, split):  # results[0]["auc"]: the lab's results hold one; the check's do not
+    return data.bayes_optimal_auc(split) - results[0]["auc"]
+
+
+def sign_flipped(results, split):
+    return -auc_gap(results, split)
+
+
+def train_optimum(results, split):
     log = data.make_click_log(lab04._CHECK_CONFIG)  # what a learner reaching for log.train computes
-    return data.bayes_optimal_auc(log.train) - BinaryAUROC()(logits, labels).item()
+    return data.bayes_optimal_auc(log.train) - BinaryAUROC()(*pooled(results)).item()
 
 
-def scored_against_the_splits_labels(logits, labels, split):
+def scored_against_the_splits_labels(results, split):
+    logits, _ = pooled(results)
     return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, split.labels).item()
 
 
-def optimum_of_itself(logits, labels, split):
+def optimum_of_itself(results, split):
     return data.bayes_optimal_auc(split) - BinaryAUROC()(split.true_logits, split.labels).item()
 
 
-def one_minus_the_model_auc(logits, labels, split):
-    return 1 - BinaryAUROC()(logits, labels).item()
+def empirical_optimum(results, split):  # right: the split's own true logits against its labels is the optimum
+    return data.auc(split.true_logits, split.labels) - data.auc(*pooled(results))
 
 
-def the_first_cases_number(logits, labels, split):
-    logits, labels, split, _ = lab04._gap_case(seed=1)
-    return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
+def one_minus_the_model_auc(results, split):
+    return 1 - BinaryAUROC()(*pooled(results)).item()
 
 
-def relative_gap(logits, labels, split):
+def the_first_cases_number(results, split):  # hard-coded: the check's first case, computed once
+    first, first_split, _ = lab04._gap_case(seed=1)
+    return auc_gap(first, first_split)
+
+
+def relative_gap(results, split):
     optimum = data.bayes_optimal_auc(split)
-    return (optimum - BinaryAUROC()(logits, labels).item()) / optimum
+    return (optimum - BinaryAUROC()(*pooled(results)).item()) / optimum
+
+
+def sigmoid_in_place(results, split):  # right number, but the caller's logits are now probabilities
+    for r in results:
+        r["logits"].sigmoid_()
+    return auc_gap(results, split)
+
+
+def binned_auc(results, split):  # 200 thresholds: off in the 5th decimal
+    logits, labels = pooled(results)
+    return data.bayes_optimal_auc(split) - BinaryAUROC(thresholds=200)(logits.sigmoid(), labels).item()
+
+
+def absolute_gap(results, split):  # "the gap" as a distance: a model that beats the optimum (a leak) is hidden
+    return abs(auc_gap(results, split))
+
+
+def gap_floored_at_zero(results, split):  # "nothing is left to learn" is 0, so never below it
+    return max(0.0, auc_gap(results, split))
 
 
 def test_the_check_case_tells_the_splits_apart():
-    _, _, split, log = lab04._gap_case(seed=1)
+    _, split, log = lab04._gap_case(seed=1)
     assert abs(data.bayes_optimal_auc(log.train) - data.bayes_optimal_auc(split)) > 0.005
 
 
-def test_auc_gap_check_accepts_the_solution(capsys):
-    lab04.check_auc_gap(auc_gap)
+def test_the_check_case_tells_pooled_from_per_rank():
+    for results, _, _ in (lab04._gap_case(seed=1), lab04._gap_case(2, lab04._SECOND_CONFIG, (0.5, 0.2, 0.3))):
+        per_rank = [data.auc(r["logits"], r["labels"]) for r in results]
+        rates = [r["labels"].float().mean().item() for r in results]
+        assert abs(data.auc(*pooled(results)) - sum(per_rank) / len(per_rank)) > 0.02
+        assert max(rates) - min(rates) > 0.2 and len({len(r["labels"]) for r in results}) == len(results)
+
+
+@pytest.mark.parametrize("right", [auc_gap, auc_gap_of_probabilities, empirical_optimum])
+def test_auc_gap_check_accepts_the_solution(right, capsys):
+    lab04.check_auc_gap(right)
     assert capsys.readouterr().out.startswith("✓")
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
+        (mean_of_the_ranks_aucs, "the mean of the ranks' own AUCs"),
+        (size_weighted_mean_of_the_ranks_aucs, "averaged by their sizes"),
+        (rank_0_only, "rank 0's share only"),
+        (first_two_ranks, "on 3 ranks of another log"),
+        (labels_of_other_ranks, "scored against other ranks' labels"),
+        (the_lab_printed_auc, "KeyError"),
         (sign_flipped, "sign is flipped"),
         (train_optimum, "train split's optimum"),
         (scored_against_the_splits_labels, "scored against split.labels"),
         (optimum_of_itself, "compared with itself"),
         (one_minus_the_model_auc, "the optimum is missing"),
-        (the_first_cases_number, "on a second split"),
+        (the_first_cases_number, "on 3 ranks of another log"),
         (relative_gap, "expected"),
+        (sigmoid_in_place, "changed the logits or labels it was given"),
+        (binned_auc, "close, not exact"),
+        (absolute_gap, "the gap was made positive"),
+        (gap_floored_at_zero, "the gap was made positive"),
     ],
 )
 def test_auc_gap_check_rejects_wrong_answers(wrong, words):
-    with pytest.raises(CheckFailed, match=words):
-        lab04.check_auc_gap(wrong)
+    rejects(lab04.check_auc_gap, wrong, match=words)
 
 
 # ------------------------------------------------------------------------------------------ exercise 4
@@ -509,44 +590,8 @@ def test_pipelineable_check_rejects_wrong_answers(model_class, prepare, words):
 # ------------------------------------------------------------------ more wrong answers (adversarial review)
 
 
-def sigmoid_in_place(logits, labels, split):  # right number, but the caller's logits are now probabilities
-    logits.sigmoid_()
-    return data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item()
-
-
-def binned_auc(logits, labels, split):  # 200 thresholds: off in the 5th decimal
-    return data.bayes_optimal_auc(split) - BinaryAUROC(thresholds=200)(logits.sigmoid(), labels).item()
-
-
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (sigmoid_in_place, "changed the logits or labels it was given"),
-        (binned_auc, "close, not exact"),
-    ],
-)
-def test_auc_gap_check_rejects_more_wrong_answers(wrong, words):
-    rejects(lab04.check_auc_gap, wrong, match=words)
-
-
 def test_pipelineable_pass_line_does_not_claim_where_the_dense_work_is(capsys):
     # moving the cap into the loader too is right (issue 25): the pass line must not say "the rest stays in forward"
     lab04.check_pipelineable(plain_dlrm, fold_and_cap)
     out = capsys.readouterr().out
     assert out.startswith("✓") and "stays in forward" not in out and "may stay in forward or move too" in out
-
-
-# ------------------------------------------------------------------ wrong answers found later (adversarial fix)
-
-
-def absolute_gap(logits, labels, split):  # "the gap" as a distance: a model that beats the optimum (a leak) is hidden
-    return abs(BinaryAUROC()(logits, labels).item() - data.bayes_optimal_auc(split))
-
-
-def gap_floored_at_zero(logits, labels, split):  # "nothing is left to learn" is 0, so never below it
-    return max(0.0, data.bayes_optimal_auc(split) - BinaryAUROC()(logits, labels).item())
-
-
-@pytest.mark.parametrize("wrong", [absolute_gap, gap_floored_at_zero])
-def test_auc_gap_check_rejects_a_gap_made_positive(wrong):
-    rejects(lab04.check_auc_gap, wrong, match="the gap was made positive")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Any, Callable, NoReturn
 
@@ -348,100 +349,153 @@ _SECOND_CONFIG = data.ClickLogConfig(num_train=1_000, num_test=1_500, seed=11)
 
 
 def _gap_case(
-    seed: int, config: data.ClickLogConfig = _CHECK_CONFIG
-) -> tuple[torch.Tensor, torch.Tensor, data.ClickSplit, data.ClickLog]:
-    """A model's scores on a shuffled test split: noisy true logits, in an order that is not the split's."""
+    seed: int, config: data.ClickLogConfig = _CHECK_CONFIG, shares: tuple[float, ...] = (0.35, 0.65)
+) -> tuple[list[dict[str, torch.Tensor]], data.ClickSplit, data.ClickLog]:
+    """What `launch` returns after scoring a test split: one dict per rank with its share's "logits" and "labels".
+
+    The scores are noisy true logits. The ranks' shares have unequal sizes (`shares`, fractions of the split)
+    and different click rates (each holds a band of true logits, as ranks that read files of different
+    regions would), shuffled within each rank: the mean of the ranks' AUCs is far from the split's AUC.
+    """
     log = data.make_click_log(config)
+    split = log.test
     generator = torch.Generator().manual_seed(seed)
-    noisy = log.test.true_logits + 1.5 * torch.randn(len(log.test), generator=generator)
-    order = torch.randperm(len(log.test), generator=generator)
-    return noisy[order], log.test.labels[order], log.test, log
+    scores = split.true_logits + 1.5 * torch.randn(len(split), generator=generator)
+    order = torch.argsort(split.true_logits + torch.randn(len(split), generator=generator))
+    sizes = [int(share * len(split)) for share in shares[:-1]]
+    sizes.append(len(split) - sum(sizes))
+    results = []
+    for rows in torch.split(order, sizes):
+        rows = rows[torch.randperm(len(rows), generator=generator)]
+        results.append({"logits": scores[rows], "labels": split.labels[rows]})
+    return results, split, log
+
+
+def _pooled(results: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([r["logits"] for r in results]), torch.cat([r["labels"] for r in results])
+
+
+def _copies(results: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    return [{key: value.clone() for key, value in r.items()} for r in results]
+
+
+def _call_gap(auc_gap: Callable[[Any, data.ClickSplit], Any], results: list[dict[str, torch.Tensor]],
+              split: data.ClickSplit, where: str) -> float:
+    given = _copies(results)
+    try:
+        got = float(auc_gap(given, split))
+    except KeyError as error:
+        fail(f"auc_gap raised KeyError {error} {where}",
+             'each rank\'s dict holds its "logits" and "labels" only: compute the AUC from them')
+    except Exception as error:
+        text = one_line(error)
+        hint = ("the ranks' shares have different sizes: concatenate every rank's logits, and every rank's labels, "
+                "in the same rank order (torch.cat)" if any(w in text for w in ("size", "shape", "stack")) else
+                "results is a list with one dict per rank; split is the ClickSplit they scored")
+        fail(f"auc_gap raised {text} {where}", hint)
+    if not all(torch.equal(g[key], r[key]) for g, r in zip(given, results) for key in r):
+        fail(
+            "auc_gap changed the logits or labels it was given (an in-place operation such as .sigmoid_())",
+            "the lab reads the ranks' logits again after the gap (the NE, the calibration): work on a copy, "
+            "or use the out-of-place form (.sigmoid()); the AUC needs no sigmoid at all",
+        )
+    return got
 
 
 @exercise
-def check_auc_gap(auc_gap: Callable[[torch.Tensor, torch.Tensor, data.ClickSplit], Any]) -> None:
-    """`auc_gap(logits, labels, split)`: Bayes-optimal AUC of `split` minus the AUC of `logits` on `labels`.
+def check_auc_gap(auc_gap: Callable[[Any, data.ClickSplit], Any]) -> None:
+    """`auc_gap(results, split)`: Bayes-optimal AUC of `split` minus the AUC of all ranks' scores together.
 
-    Judged on the check's split, on a second log, and on scores that saw the labels (a leak), whose gap is negative.
+    `results` is what `launch` returns: one dict per rank with its share's "logits" and "labels". Judged on
+    2 ranks whose shares differ in size and click rate, on 3 ranks of another log, and on scores that saw the
+    labels (a leak), whose gap is negative.
     """
-    from torchmetrics.classification import BinaryAUROC
+    results, split, log = _gap_case(seed=1)
+    logits, labels = _pooled(results)
+    model_auc = data.auc(logits, labels)
+    optimum = data.bayes_optimal_auc(split)
+    want = optimum - model_auc
+    got = _call_gap(auc_gap, results, split, "on 2 ranks' results")
+    if not math.isclose(got, want, abs_tol=1e-6):
+        _diagnose_gap(got, want, results, split, log)
+    # 3 ranks of another log: a function that returns the first case's number is not an answer
+    results2, split2, _ = _gap_case(seed=2, config=_SECOND_CONFIG, shares=(0.5, 0.2, 0.3))
+    want2 = data.bayes_optimal_auc(split2) - data.auc(*_pooled(results2))
+    got2 = _call_gap(auc_gap, results2, split2, "on 3 ranks' results")
+    if not math.isclose(got2, want2, abs_tol=1e-6):
+        per_rank = [data.auc(r["logits"], r["labels"]) for r in results2]
+        fail(
+            f"on 3 ranks of another log auc_gap returned {got2:.4f}, expected {want2:.4f}",
+            "on 2 ranks it was right: does it use every rank of results (not two) and this split's optimum?"
+            if not math.isclose(got2, data.bayes_optimal_auc(split2) - sum(per_rank[:2]) / 2, abs_tol=1e-6)
+            else "it averaged the first two ranks' AUCs: pool all the ranks' scores",
+        )
+    # scores that peeked at the labels (a leak) beat the optimum: the gap is negative, and says so
+    leaked = [{"logits": split.true_logits[r] + 2.0 * (split.labels[r].float() - 0.5), "labels": split.labels[r]}
+              for r in torch.split(torch.arange(len(split)), [900, 1100])]
+    want3 = optimum - data.auc(*_pooled(leaked))
+    got3 = _call_gap(auc_gap, leaked, split, "on scores that beat the optimum")
+    if not math.isclose(got3, want3, abs_tol=1e-6):
+        fail(
+            f"on scores that saw the test labels (a leak: their AUC beats the optimum's) auc_gap returned "
+            f"{got3:.4f}, expected {want3:.4f}"
+            + (": the gap was made positive (abs() or max(0, ...))" if got3 >= 0 > want3 else ""),
+            "return optimum - model AUC as it comes: a negative gap is the sign that something leaked",
+        )
+    mean = sum(data.auc(r["logits"], r["labels"]) for r in results) / len(results)
+    passed(f"auc_gap = optimum - AUC of all ranks' scores pooled ({want:.4f} on the check's 2 ranks; "
+           f"the mean of their own AUCs would say {optimum - mean:.4f})")
 
-    logits, labels, split, log = _gap_case(seed=1)
-    model_auc = float(BinaryAUROC()(logits, labels))
-    want = data.bayes_optimal_auc(split) - model_auc
-    given_logits, given_labels = logits.clone(), labels.clone()
-    try:
-        got = float(auc_gap(given_logits, given_labels, split))
-    except Exception as error:
-        fail(f"auc_gap raised {type(error).__name__}: {error}")
-    if not (torch.equal(given_logits, logits) and torch.equal(given_labels, labels)):
-        fail(
-            "auc_gap changed the logits or labels it was given (an in-place operation such as .sigmoid_())",
-            "the lab reads test_logits again after the gap (the NE, the calibration): work on a copy, "
-            "or use the out-of-place form (.sigmoid()); the AUC needs no sigmoid at all",
-        )
-    if math.isclose(got, want, abs_tol=1e-6):
-        # a second, different case: a function that returns the first case's number is not an answer
-        logits2, labels2, split2, _ = _gap_case(seed=2, config=_SECOND_CONFIG)
-        want2 = data.bayes_optimal_auc(split2) - float(BinaryAUROC()(logits2, labels2))
-        try:
-            got2 = float(auc_gap(logits2.clone(), labels2.clone(), split2))
-        except Exception as error:
-            fail(f"auc_gap raised {type(error).__name__} on a second split: {error}")
-        if not math.isclose(got2, want2, abs_tol=1e-6):
-            fail(
-                f"on a second split (another log, other scores) auc_gap returned {got2:.4f}, expected {want2:.4f}",
-                "compute the gap from the arguments: data.bayes_optimal_auc(split) and the AUC of logits vs labels",
-            )
-        # scores that peeked at the labels (a leak) beat the optimum on this split: the gap is negative, and says so
-        leaked = split.true_logits + 2.0 * (split.labels.float() - 0.5)
-        want3 = data.bayes_optimal_auc(split) - float(BinaryAUROC()(leaked, split.labels))
-        try:
-            got3 = float(auc_gap(leaked.clone(), split.labels.clone(), split))
-        except Exception as error:
-            fail(f"auc_gap raised {type(error).__name__} on scores that beat the optimum: {error}")
-        if not math.isclose(got3, want3, abs_tol=1e-6):
-            fail(
-                f"on scores that saw the test labels (a leak: their AUC beats the optimum's) auc_gap returned "
-                f"{got3:.4f}, expected {want3:.4f}"
-                + (": the gap was made positive (abs() or max(0, ...))" if got3 >= 0 > want3 else ""),
-                "return optimum - model AUC as it comes: a negative gap is the sign that something leaked",
-            )
-        passed(f"auc_gap = optimum - model AUC ({want:.4f} on the check's split)")
-        return
+
+def _diagnose_gap(got: float, want: float, results: list[dict[str, torch.Tensor]], split: data.ClickSplit,
+                  log: data.ClickLog) -> NoReturn:
+    logits, labels = _pooled(results)
+    model_auc = data.auc(logits, labels)
+    optimum = data.bayes_optimal_auc(split)
+    per_rank = [data.auc(r["logits"], r["labels"]) for r in results]
+    sizes = [len(r["labels"]) for r in results]
+    expected = f"auc_gap returned {got:.4f}, expected {want:.4f}"
+    pooled_hint = ("the AUC ranks every click against every non-click of the whole split: concatenate all the ranks' "
+                   "logits and all their labels (torch.cat), then compute one AUC")
     if math.isclose(got, -want, abs_tol=1e-6):
-        fail(
-            f"auc_gap returned {got:.4f}, expected {want:.4f}: the sign is flipped",
-            "the gap is (best possible AUC) - (model AUC): positive while the model is worse than the optimum",
-        )
+        fail(f"{expected}: the sign is flipped",
+             "the gap is (best possible AUC) - (model AUC): positive while the model is worse than the optimum")
+    if math.isclose(got, optimum - sum(per_rank) / len(per_rank), abs_tol=1e-6):
+        fail(f"{expected}: that is the optimum minus the mean of the ranks' own AUCs "
+             f"({', '.join(f'{a:.4f}' for a in per_rank)})",
+             "an AUC is not an average: each rank's AUC compares only its own clicks with its own non-clicks, and "
+             "the ranks' click rates differ. " + pooled_hint)
+    if math.isclose(got, optimum - sum(a * n for a, n in zip(per_rank, sizes)) / sum(sizes), abs_tol=1e-6):
+        fail(f"{expected}: that is the optimum minus the ranks' AUCs averaged by their sizes",
+             "weights do not fix it: each rank's AUC never compares its clicks with the other ranks' non-clicks. "
+             + pooled_hint)
+    if math.isclose(got, optimum - per_rank[0], abs_tol=1e-6):
+        fail(f"{expected}: that is rank 0's share only", "rank 0 scored its own share of the split: " + pooled_hint)
+    for order in itertools.permutations(range(len(results))):
+        if list(order) != sorted(order):
+            others = torch.cat([results[r]["labels"] for r in order])
+            if math.isclose(got, optimum - data.auc(logits, others), abs_tol=1e-6):
+                fail(f"{expected}: each rank's logits were scored against other ranks' labels",
+                     "concatenate the logits and the labels in the same rank order: row i of the logits must "
+                     "meet row i of the labels")
     if math.isclose(got, data.bayes_optimal_auc(log.train) - model_auc, abs_tol=1e-6):
-        fail(
-            f"auc_gap returned {got:.4f}, expected {want:.4f}: that is the train split's optimum",
-            "compare with the optimum of the split the model was evaluated on (its impressions and their labels are different draws)",
-        )
-    mispaired = data.bayes_optimal_auc(split) - float(BinaryAUROC()(logits, split.labels))
-    if math.isclose(got, mispaired, abs_tol=1e-6):
-        fail(
-            f"auc_gap returned {got:.4f}, expected {want:.4f}: the logits were scored against split.labels",
-            "the logits come back in the ranks' order, not the split's: score them against the labels "
-            "returned with them",
-        )
+        fail(f"{expected}: that is the train split's optimum",
+             "compare with the optimum of the split the model was evaluated on (its impressions and their labels "
+             "are different draws)")
+    if math.isclose(got, optimum - data.auc(logits, split.labels), abs_tol=1e-6):
+        fail(f"{expected}: the logits were scored against split.labels",
+             "the logits come back in the ranks' order, not the split's: score them against the labels returned "
+             "with them")
     if math.isclose(got, 0.0, abs_tol=1e-6):
-        fail(
-            f"auc_gap returned 0, expected {want:.4f}: the optimum was compared with itself",
-            "the model's AUC comes from `logits` (the model's scores), not from split.true_logits",
-        )
+        fail(f"auc_gap returned 0, expected {want:.4f}: the optimum was compared with itself",
+             "the model's AUC comes from the ranks' logits (the model's scores), not from split.true_logits")
     if math.isclose(got, 1 - model_auc, abs_tol=1e-6) or math.isclose(got, model_auc, abs_tol=1e-6):
-        fail(
-            f"auc_gap returned {got:.4f}, expected {want:.4f}: the optimum is missing",
-            "the best possible AUC is not 1 on a noisy log: it is data.bayes_optimal_auc(split)",
-        )
+        fail(f"{expected}: the optimum is missing",
+             "the best possible AUC is not 1 on a noisy log: it is data.bayes_optimal_auc(split)")
     if f"{got:.4f}" == f"{want:.4f}":
-        fail(
-            f"auc_gap returned {got:.6f}, expected {want:.6f}: close, not exact",
-            "compute the exact AUC: BinaryAUROC() without thresholds= (binned), or data.auc(logits, labels)",
-        )
-    fail(f"auc_gap returned {got:.4f}, expected {want:.4f}", "data.bayes_optimal_auc(split) - AUC of logits vs labels")
+        fail(f"auc_gap returned {got:.6f}, expected {want:.6f}: close, not exact",
+             "compute the exact AUC: BinaryAUROC() without thresholds= (binned), or data.auc(logits, labels)")
+    fail(expected, "data.bayes_optimal_auc(split) - the AUC of all ranks' logits against their labels, pooled")
 
 
 # ------------------------------------------------------------------------------------------ exercise 4
