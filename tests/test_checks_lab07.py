@@ -22,9 +22,102 @@ class ShardDenseWithFSDP(DataParallelWrapper):  # the lab's solution
         dense = (dlrm.dense_arch, dlrm.over_arch)
         with torch.no_grad():
             for module in dense:
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(tensor.data, src=0)
+        for module in dense:
+            fully_shard(module)
+
+
+class SyncModuleStates(DataParallelWrapper):  # torch's own helper, the one DDP's constructor calls
+    def wrap(self, dmp, env, device):
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.utils import _sync_module_states
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            _sync_module_states(module, env.process_group, 250 * 1024 * 1024, src=0, params_and_buffers_to_ignore=())
+            fully_shard(module)
+
+
+class BroadcastOneFlatTensor(DataParallelWrapper):  # one broadcast; every buffer of the model, triu_indices too
+    def wrap(self, dmp, env, device):
+        import torch
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        dense = (dlrm.dense_arch, dlrm.over_arch)
+        tensors = [p.data for m in dense for p in m.parameters()] + [b.data for b in dlrm.buffers()]
+        flat = _flatten_dense_tensors([t.double() for t in tensors])
+        dist.broadcast(flat, src=0)
+        with torch.no_grad():
+            for tensor, value in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+                tensor.copy_(value)
+        for module in dense:
+            fully_shard(module)
+
+
+class BroadcastTheParametersOnly(DataParallelWrapper):  # the BatchNorm's running statistics stay each rank's own
+    def wrap(self, dmp, env, device):
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        dense = (dlrm.dense_arch, dlrm.over_arch)
+        with torch.no_grad():
+            for module in dense:
                 for p in module.parameters():
                     dist.broadcast(p.data, src=0)
         for module in dense:
+            fully_shard(module)
+
+
+class BroadcastTheFloatBuffersOnly(DataParallelWrapper):  # num_batches_tracked (int64) left out
+    def wrap(self, dmp, env, device):
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        dense = (dlrm.dense_arch, dlrm.over_arch)
+        with torch.no_grad():
+            for module in dense:
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    if tensor.is_floating_point():
+                        dist.broadcast(tensor.data, src=0)
+        for module in dense:
+            fully_shard(module)
+
+
+class BuffersFromRank1(DataParallelWrapper):  # the parameters from rank 0, the buffers from rank 1
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for p in module.parameters():
+                dist.broadcast(p.data, src=0)
+            for b in module.buffers():
+                dist.broadcast(b.data, src=1)
+            fully_shard(module)
+
+
+class ResetTheRunningStats(DataParallelWrapper):  # equal on every rank, but not rank 0's buffers
+    def wrap(self, dmp, env, device):
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for p in module.parameters():
+                dist.broadcast(p.data, src=0)
+            for m in module.modules():
+                if isinstance(m, torch.nn.BatchNorm1d):
+                    m.reset_running_stats()
             fully_shard(module)
 
 
@@ -73,8 +166,8 @@ class BroadcastFromRank1(DataParallelWrapper):
 
         dlrm = dmp._dmp_wrapped_module.model
         for module in (dlrm.dense_arch, dlrm.over_arch):
-            for p in module.parameters():
-                dist.broadcast(p.data, src=1)
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=1)
             fully_shard(module)
 
 
@@ -115,6 +208,8 @@ class BroadcastAfterShard(DataParallelWrapper):  # too late: each rank holds onl
             fully_shard(module)
             for p in module.parameters():
                 dist.broadcast(p.to_local(), src=0)
+            for b in module.buffers():
+                dist.broadcast(b.data, src=0)
 
 
 class BroadcastTheWholeModel(DataParallelWrapper):  # the tables too: each rank holds other shards
@@ -141,11 +236,29 @@ class WrapInDDP(DataParallelWrapper):  # what DMP does by default
         DefaultDataParallelWrapper().wrap(dmp, env, device)
 
 
-class ShardWholeModel(DataParallelWrapper):
+class ShardWholeModel(DataParallelWrapper):  # broadcast right, then fully_shard reaches the tables
     def wrap(self, dmp, env, device):
+        import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
 
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
         fully_shard(dmp._dmp_wrapped_module)
+
+
+class ShardTheSparseArchToo(DataParallelWrapper):  # every module of the DLRM, the tables' one included
+    def wrap(self, dmp, env, device):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dlrm = dmp._dmp_wrapped_module.model
+        for module in (dlrm.dense_arch, dlrm.over_arch):
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+        for module in (dlrm.sparse_arch, dlrm.dense_arch, dlrm.over_arch):
+            fully_shard(module)
 
 
 class ShardDenseArchOnly(DataParallelWrapper):
@@ -177,8 +290,16 @@ def test_wrapper_check_accepts_the_solution_and_the_library_wrapper(capsys):
     lab07.check_wrapper(FullyShardDense())
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(line.startswith("✓") for line in out)
-    assert "8 dense parameters are Shard(0) DTensors holding rank 0's initial weights" in out[0]
+    assert ("10 dense parameters are Shard(0) DTensors holding rank 0's initial weights on every rank, and the 3 "
+            "BatchNorm buffers are rank 0's") in out[0]
     assert "reduce_scatter" in out[0]
+
+
+def test_wrapper_check_accepts_other_ways_to_broadcast(capsys):
+    lab07.check_wrapper(SyncModuleStates)
+    lab07.check_wrapper(BroadcastOneFlatTensor)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.startswith("✓") for line in out)
 
 
 @pytest.mark.parametrize(
@@ -199,6 +320,15 @@ def test_wrapper_check_accepts_the_solution_and_the_library_wrapper(capsys):
         (ReseedAndReinitialise, "not rank 0's initial weights"),
         (BroadcastAfterShard, "before fully_shard"),
         (BroadcastTheWholeModel, "only the dense modules|tables"),
+        (BroadcastTheParametersOnly, r"rank 1 still holds its own BatchNorm buffers after wrap\(\), not rank 0's "
+                                     r"\(num_batches_tracked, running_mean, running_var of dense_arch.model.0\): the "
+                                     r"broadcast sent the parameters only"),
+        (BroadcastTheFloatBuffersOnly, r"rank 1 still holds its own num_batches_tracked of dense_arch.model.0 "
+                                       r"after wrap\(\) \(its other BatchNorm buffers are rank 0's\)"),
+        (BuffersFromRank1, "every rank holds rank 1's BatchNorm buffers"),
+        (ResetTheRunningStats, r"equal on every rank but are not rank 0's \(num_batches_tracked, running_mean, "
+                               r"running_var of dense_arch.model.0\)"),
+        (ShardTheSparseArchToo, "embedding tables became DTensors"),
     ],
 )
 def test_wrapper_check_rejects_wrong_answers(wrong, words):

@@ -1,11 +1,12 @@
 """Checks for 07_hybrid: a DMP data-parallel wrapper that shards the dense part with FSDP2, and the bytes
 each rank then holds for the dense part.
 
-`check_wrapper` builds the lab's DLRM (with a dense tower of another width than the lab's) on 2 ranks,
-shards its tables with DMP, gives each rank *different* dense weights, and hands the rest to the learner's
+`check_wrapper` builds the lab's DLRM (with a dense tower of another width than the lab's, which normalises
+its inputs with a ``BatchNorm1d``: a layer with buffers) on 2 ranks, shards its tables with DMP, gives each
+rank *different* dense weights and *different* BatchNorm buffers, and hands the rest to the learner's
 wrapper; then it looks at what came out (are the tables still TorchRec shards, are the dense parameters
 DTensors placed ``Shard(0)``, did anything wrap the model in DDP, does every rank now hold rank 0's initial
-dense weights, as DDP would have made it) and trains it a few steps.
+dense weights and rank 0's buffers) and trains it a few steps.
 `check_dense_bytes` compares the learner's formula with bytes measured on 2 and 3 ranks for a dense tower
 whose sizes the lab did not use.
 """
@@ -48,24 +49,57 @@ def _check_plan(model: Any, world_size: int) -> Any:
     return training.model_plan(model, per_table, world_size)
 
 
+def _check_model() -> Any:
+    """The lab's DLRM on meta, with MLPs `WRAPPER_HIDDEN` wide and a ``BatchNorm1d`` over the dense features in
+    front of the dense MLP: a dense layer with buffers (running_mean, running_var, num_batches_tracked)."""
+    import torch
+
+    from course_lib import models
+
+    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, hidden=WRAPPER_HIDDEN, device="meta")
+    dense_arch = model.model.dense_arch
+    dense_arch.model = torch.nn.Sequential(torch.nn.BatchNorm1d(_CHECK_CONFIG.num_dense, device="meta"), dense_arch.model)
+    return model
+
+
+def _dense_buffers(model: Any) -> dict[str, Any]:
+    """The buffers of `model`'s BatchNorm layers, by name (the interaction's triu_indices, equal on every rank
+    and outside the dense modules, is not one)."""
+    import torch
+
+    return {f"{path}.{name}": buffer for path, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            for name, buffer in module.named_buffers(recurse=False)}
+
+
 class _Recorded:
-    """Around the learner's wrapper: make the ranks' dense weights surely differ (each rank adds its own
-    noise), remember them, then call the learner's ``wrap``."""
+    """Around the learner's wrapper: make the ranks' dense weights and BatchNorm buffers surely differ (each rank
+    adds its own noise, and counts its own batches), remember them, then call the learner's ``wrap``."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.before: dict[str, Any] = {}
+        self.before_buffers: dict[str, Any] = {}
 
     def wrap(self, dmp: Any, env: Any, device: Any) -> None:
         import torch
         import torch.distributed as dist
 
-        generator = torch.Generator().manual_seed(1_000 + dist.get_rank())
+        rank = dist.get_rank()
+        generator = torch.Generator().manual_seed(1_000 + rank)
+        model = dmp._dmp_wrapped_module
         with torch.no_grad():
-            for name, p in dmp._dmp_wrapped_module.named_parameters():
+            for name, p in model.named_parameters():
                 if "embedding_bags" not in name:
                     p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.device))
                     self.before[name] = p.detach().cpu().clone()
+            for name, buffer in _dense_buffers(model).items():
+                if buffer.is_floating_point():  # running_mean moves, running_var stays positive
+                    noise = torch.rand(buffer.shape, generator=generator).to(buffer.device)
+                    buffer.add_(0.5 * noise) if name.endswith("running_mean") else buffer.mul_(1 + noise)
+                else:  # num_batches_tracked: as if each rank had counted its own batches
+                    buffer.add_(10 + 7 * rank)
+                self.before_buffers[name] = buffer.detach().cpu().clone()
         self.inner.wrap(dmp, env, device)
 
 
@@ -78,10 +112,10 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.model_parallel import DataParallelWrapper
 
-    from course_lib import hybrid, models, trace, training
+    from course_lib import hybrid, trace, training
 
     torch.manual_seed(0)
-    model = models.click_dlrm(_CHECK_CONFIG.tables(16), _CHECK_CONFIG.num_dense, hidden=WRAPPER_HIDDEN, device="meta")
+    model = _check_model()
     instance = wrapper() if isinstance(wrapper, type) else wrapper
     recorded = _Recorded(instance)
     recorder = type("Recorded", (DataParallelWrapper,), {"wrap": lambda self, *a: recorded.wrap(*a)})()
@@ -99,9 +133,10 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
         "tables": {k.rsplit(".", 2)[-2]: type(p).__name__ for k, p in dmp.named_parameters() if "embedding_bags" in k},
         "table_state": sorted({type(v).__name__ for k, v in state.items() if "embedding_bags" in k}),
         "dense": {k: (type(v).__name__, str(getattr(v, "placements", "")))
-                  for k, v in state.items() if "embedding_bags" not in k},
+                  for k, v in state.items() if "embedding_bags" not in k and k not in recorded.before_buffers},
         "ddp": any(isinstance(m, DistributedDataParallel) for m in dmp.modules()),
         "before": recorded.before,
+        "before_buffers": recorded.before_buffers,
     }
     if any(t == "DTensor" for t in report["tables"].values()):
         return report  # the optimizer would fail on duplicate keys: the structure says enough
@@ -109,6 +144,8 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
     report["start"] = {n.removeprefix("_dmp_wrapped_module.").removeprefix("module."):
                        (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
                        for n, p in dmp.named_parameters() if "embedding_bags" not in n}
+    buffers = {n.removeprefix("_dmp_wrapped_module.").removeprefix("module."): b for n, b in dmp.named_buffers()}
+    report["start_buffers"] = {n: buffers[n].detach().cpu().clone() for n in recorded.before_buffers if n in buffers}
     try:
         optimizer = hybrid.hybrid_optimizer(dmp)
         batches = data.batches(train_split, _BATCH, dist.get_rank(), dist.get_world_size())
@@ -124,7 +161,13 @@ def _inspect_wrapper(wrapper: Any, train_split: data.ClickSplit) -> dict[str, An
 
 
 def _judge_start(reports: list[dict[str, Any]]) -> None:
-    """Every rank must start from rank 0's dense weights (what DDP's broadcast gives); say what they are instead."""
+    """Every rank must start from rank 0's dense weights (what DDP's broadcast gives) and hold rank 0's BatchNorm
+    buffers (one model on every rank); say what they are instead."""
+    _judge_parameters(reports)
+    _judge_buffers(reports)
+
+
+def _judge_parameters(reports: list[dict[str, Any]]) -> None:
     import torch
 
     before0, before1 = reports[0]["before"], reports[1]["before"]
@@ -161,8 +204,9 @@ def _judge_start(reports: list[dict[str, Any]]) -> None:
             f"the model starts from a patchwork ({shown}): rank 0's rows of each dense parameter and rank 1's "
             "rows, because fully_shard keeps each rank's own rows and the ranks' initial weights differ "
             "(DMP's table initialisation moved each rank's RNG differently)",
-            "before fully_shard, broadcast rank 0's dense parameters to every rank, as DDP does when it wraps a "
-            "model: with torch.no_grad(), dist.broadcast(p.data, src=0) for every parameter of "
+            "before fully_shard, broadcast rank 0's dense parameters and buffers to every rank, as DDP broadcasts "
+            "the parameters when it wraps a model: with torch.no_grad(), dist.broadcast(t.data, src=0) for every "
+            "parameter and buffer of "
             + ("the dense modules" if {n.split(".")[1] for n in differ} == {n.split(".")[1] for n in names}
                else f"every dense module ({shown} too)")
             + " (with async_op=True, wait() on each Work before fully_shard)",
@@ -186,11 +230,66 @@ def _judge_start(reports: list[dict[str, Any]]) -> None:
     )
 
 
+def _listed(names: list[str]) -> str:
+    """'running_mean, running_var of dense_arch.model.0' for buffer names, grouped by their module."""
+    by_module: dict[str, list[str]] = {}
+    for name in names:
+        path, leaf = name.removeprefix("model.").rsplit(".", 1)
+        by_module.setdefault(path, []).append(leaf)
+    return "; ".join(f"{', '.join(leaves)} of {path}" for path, leaves in by_module.items())
+
+
+def _judge_buffers(reports: list[dict[str, Any]]) -> None:
+    """Every rank must hold rank 0's BatchNorm buffers after wrap(): name the buffers that are not."""
+    import torch
+
+    before0, before1 = reports[0].get("before_buffers", {}), reports[1].get("before_buffers", {})
+    starts = [r.get("start_buffers", {}) for r in reports]
+    names = sorted(before0)
+    gone = [n for n in names if any(n not in s for s in starts)]
+    if gone:
+        fail(f"the model has no BatchNorm buffers {_listed(gone)} after wrap()",
+             "shard the modules in place and keep their layers: fully_shard(module) returns nothing to keep")
+    wrong = [[n for n in names if not torch.equal(s[n], before0[n])] for s in starts]
+    if not any(wrong):
+        return
+    if not wrong[0] and all(torch.equal(starts[1][n], before1[n]) for n in wrong[1]):
+        if len(wrong[1]) == len(names):
+            fail(
+                f"rank 1 still holds its own BatchNorm buffers after wrap(), not rank 0's ({_listed(names)}): "
+                "the broadcast sent the parameters only, and a BatchNorm's running statistics are buffers, not "
+                "parameters",
+                "send the dense modules' buffers too (module.buffers(), next to module.parameters()): every rank "
+                "must hold the same model, or the ranks normalise the same batch differently in eval mode",
+            )
+        fail(
+            f"rank 1 still holds its own {_listed(wrong[1])} after wrap() (its other BatchNorm buffers are rank "
+            "0's)",
+            "broadcast every buffer of the dense modules, whatever its dtype: num_batches_tracked is an int64 "
+            "buffer, and dist.broadcast sends it as it is",
+        )
+    if all(torch.equal(s[n], before1[n]) for s in starts for n in names):
+        fail("every rank holds rank 1's BatchNorm buffers after wrap()",
+             "broadcast the buffers from rank 0 (src=0), like the parameters")
+    if all(torch.equal(s[n], starts[0][n]) for s in starts[1:] for n in names):
+        fail(
+            f"the BatchNorm buffers after wrap() are equal on every rank but are not rank 0's ({_listed(wrong[0])})",
+            "keep rank 0's: broadcast them from rank 0, rather than resetting the running statistics or "
+            "computing them again",
+        )
+    fail(
+        f"the ranks hold different BatchNorm buffers after wrap(): on rank 1, {_listed(wrong[1] or wrong[0])} "
+        "differ from rank 0's",
+        "broadcast every buffer of the dense modules from rank 0 (src=0), with the parameters",
+    )
+
+
 @exercise
 def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) -> None:
     """Run DMP with `wrapper` (a DataParallelWrapper subclass, or an instance) as its data_parallel_wrapper on 2
     ranks: the tables must stay TorchRec shards, every dense parameter must be a ``Shard(0)`` DTensor, every rank
-    must start from rank 0's dense weights (the check gives the ranks different ones first), the loss must fall."""
+    must start from rank 0's dense weights and hold rank 0's BatchNorm buffers (the check's dense tower has a
+    BatchNorm1d, and the check gives the ranks different weights and buffers first), the loss must fall."""
     from course_lib.launcher.launch import LaunchError
 
     if launch is None:
@@ -211,8 +310,8 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
         if any(f.kind in ("exited", "timed out") for f in error.failures):
             fail(f"DMP with your wrapper failed on 2 ranks: {first}",
                  "a collective in wrap() got tensors of different shapes on the two ranks (gloo aborts) or was "
-                 "called on one rank only: broadcast only the dense modules' parameters (each rank holds other "
-                 "table shards), on every rank, and before fully_shard (after it each rank holds other rows)")
+                 "called on one rank only: broadcast only the dense modules' parameters and buffers (each rank holds "
+                 "other table shards), on every rank, and before fully_shard (after it each rank holds other rows)")
         fail(f"DMP with your wrapper failed on 2 ranks: {first}", "run it yourself in a launched function to read the traceback")
     report = reports[0]
     if "wrap_error" in report:
@@ -271,7 +370,7 @@ def check_wrapper(wrapper: Any, launch: Callable[..., list[Any]] | None = None) 
              "fully_shard makes FSDP all-gather the parameters before use and reduce-scatter the gradients")
     passed(
         f"tables stay TorchRec shards, {len(dense)} dense parameters are Shard(0) DTensors holding rank 0's initial "
-        f"weights on every rank; one step ran "
+        f"weights on every rank, and the {len(report['before_buffers'])} BatchNorm buffers are rank 0's; one step ran "
         f"{', '.join(ops)}; loss {head:.3f} -> {tail:.3f} in {len(losses)} steps"
     )
 
