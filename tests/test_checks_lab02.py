@@ -714,6 +714,32 @@ def test_model_check_rejects_wrong_answers(wrong, words):
     rejects(lab02.check_fixed_model, wrong, match=words)
 
 
+class OnMeta(Fixed):  # a model built on another device than the CPU: 'meta' stands in for a GPU node's cuda:0
+    seen: list[torch.device] = []
+
+    def __init__(self, tables):
+        torch.nn.Module.__init__(self)
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        self.linear = torch.nn.Linear(pooled_width(tables), 1, device="meta")
+
+    def forward(self, x):
+        OnMeta.seen.append(x.values().device)
+        raise RuntimeError("stop here: the test only reads where the batch is")
+
+
+def test_model_check_feeds_batches_on_the_models_device():
+    OnMeta.seen.clear()
+    with pytest.raises(CheckFailed, match="stop here"):
+        lab02.check_fixed_model(OnMeta)
+    assert [d.type for d in OnMeta.seen] == ["meta"]
+
+
+def test_a_sample_alone_stays_on_its_batchs_device():
+    batch = lab02._batch_for(lab02.SEED_TABLES(), 3, device="meta")
+    alone = lab02._alone(batch, 1)
+    assert (batch.values().device.type, alone.values().device.type, alone.lengths().device.type) == ("meta",) * 3
+
+
 def test_the_library_model_is_the_seed_fixed_without_the_dot_product():
     from course_lib.models import SimpleRecModel
 

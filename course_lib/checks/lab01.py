@@ -96,7 +96,8 @@ def mean_example(world_size: int = 2) -> list[Any]:
 
 def row_owner(ids: Any, row_offsets: list[int]) -> Any:
     """Range ownership as in TorchRec's row-wise shards: rank r owns the rows from row_offsets[r] up to the next
-    rank's first row (the last rank: up to the end of the table); an empty shard has the next one's offset."""
+    rank's first row (the last rank: up to the end of the table); an empty shard starts where the next shard starts,
+    and an empty last shard at the end of the table."""
     import torch
 
     return torch.searchsorted(torch.tensor(row_offsets, dtype=ids.dtype), ids, right=True) - 1

@@ -236,20 +236,31 @@ def _model_cases() -> list[tuple[str, list[EmbeddingBagConfig]]]:
     ]
 
 
-def _batch_for(tables: Sequence[EmbeddingBagConfig], batch_size: int, seed: int = 0) -> KeyedJaggedTensor:
-    """One id per sample for every feature of `tables`, keys in the seed's order ("user_id", "item_id") then the rest."""
+def _batch_for(
+    tables: Sequence[EmbeddingBagConfig], batch_size: int, seed: int = 0, device: torch.device | str = "cpu"
+) -> KeyedJaggedTensor:
+    """One id per sample for every feature of `tables`, keys in the seed's order ("user_id", "item_id") then the rest,
+    drawn on the CPU (the same ids on every device) and moved to `device`."""
     rows = {f: t.num_embeddings for t in tables for f in t.feature_names}
     keys = [f for f in SEED_FEATURES if f in rows] + [f for f in rows if f not in SEED_FEATURES]
     generator = torch.Generator().manual_seed(seed)
     values = torch.cat([torch.randint(0, rows[f], (batch_size,), generator=generator) for f in keys])
-    return KeyedJaggedTensor(keys=keys, values=values, lengths=torch.ones(len(keys) * batch_size, dtype=torch.long))
+    batch = KeyedJaggedTensor(keys=keys, values=values, lengths=torch.ones(len(keys) * batch_size, dtype=torch.long))
+    return batch.to(torch.device(device))
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    """Where the learner built the model: the device of its first parameter (a model built with the lab's `device`
+    is on cuda:0 on a GPU node), the CPU for a model without parameters."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _alone(batch: KeyedJaggedTensor, b: int) -> KeyedJaggedTensor:
-    """Sample `b` of a batch with one id per sample and feature, as a batch of 1."""
+    """Sample `b` of a batch with one id per sample and feature, as a batch of 1, on the batch's device."""
     keys = list(batch.keys())
     ids = batch.values().view(len(keys), -1)
-    return KeyedJaggedTensor(keys=keys, values=ids[:, b].clone(), lengths=torch.ones(len(keys), dtype=torch.long))
+    lengths = torch.ones(len(keys), dtype=torch.long, device=ids.device)
+    return KeyedJaggedTensor(keys=keys, values=ids[:, b].clone(), lengths=lengths)
 
 
 @exercise
@@ -306,10 +317,11 @@ def _check_model_on(model_class: Callable[..., torch.nn.Module], case: str, tabl
     )
     by_name = ("take the user and item vectors by feature name, .to_dict()[\"user_id\"] or their columns in .values(), "
                "not by position or by a typed-in width")
+    device = _model_device(model)  # the check's batches follow the model: on a GPU node it is built on cuda:0
     for batch_size in (3, 2):
         model.zero_grad(set_to_none=True)
         try:
-            out = model(_batch_for(tables, batch_size))
+            out = model(_batch_for(tables, batch_size, device=device))
         except (RuntimeError, IndexError, KeyError) as error:
             message, hints = str(error), []
             if "is invalid for input of size" in message:
@@ -360,7 +372,7 @@ def _check_model_on(model_class: Callable[..., torch.nn.Module], case: str, tabl
             f"with {case}, the Linear that takes {width} inputs gets no gradient: the output does not go through it",
             f"the logit is linear(ebc(x).values()), [B, {width}] in, [B, 1] out, plus the dot product",
         )
-    batch = _batch_for(tables, 3, seed=1)
+    batch = _batch_for(tables, 3, seed=1, device=device)
     with torch.no_grad():  # rows of unit scale: the default init's are so small that a missing dot product hides
         generator = torch.Generator().manual_seed(1)
         for bag in ebc.embedding_bags.values():
